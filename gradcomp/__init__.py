@@ -1,0 +1,31 @@
+"""gradcomp: gradient compression for communication-efficient data-parallel JAX.
+
+Every compressor is an ``optax.GradientTransformation`` whose ``update`` returns
+the mean over workers (``axis_name``) of the decompressed gradients. See
+DESIGN §1 and the README.
+"""
+
+from gradcomp._src.base import CompressorState as CompressorState
+from gradcomp._src.base import LeafCodec as LeafCodec
+from gradcomp._src.base import leafwise as leafwise
+from gradcomp._src.dense import fp16 as fp16
+from gradcomp._src.dense import none as none
+from gradcomp._src.dgc import dgc as dgc
+from gradcomp._src.finite import apply_if_finite as apply_if_finite
+from gradcomp._src.memory import error_feedback as error_feedback
+from gradcomp._src.powersgd import powersgd as powersgd
+from gradcomp._src.quantizers import qsgd as qsgd
+from gradcomp._src.quantizers import terngrad as terngrad
+from gradcomp._src.randomk import randomk as randomk
+from gradcomp._src.registry import get as get
+from gradcomp._src.registry import names as names
+from gradcomp._src.registry import register as register
+from gradcomp._src.signs import ef_signsgd as ef_signsgd
+from gradcomp._src.signs import signsgd as signsgd
+from gradcomp._src.threshold import threshold_quantize as threshold_quantize
+from gradcomp._src.topk import topk as topk
+from gradcomp._src.wire import wire_bytes as wire_bytes
+from gradcomp._src.workers import add_worker_axis as add_worker_axis
+from gradcomp._src.workers import drop_worker_axis as drop_worker_axis
+
+__version__ = "0.1.0"

@@ -1,0 +1,124 @@
+"""The compressor skeleton: a per-leaf codec lifted to an optax transformation.
+
+DESIGN §1: every compressor is a codec (encode / decode of one leaf), an exchange
+over ``axis_name`` and, optionally, a memory (error feedback). Here the codec and
+its exchange are one :class:`LeafCodec`, because several algorithms interleave
+them (PowerSGD exchanges P before it can compute Q); the memory wraps any
+``LeafCodec`` (see ``memory.py``). :func:`leafwise` turns a codec into an
+``optax.GradientTransformation`` that treats each leaf of the tree it receives as
+one unit of compression (paper 000 §3: *layer-wise* compression; fused buffers
+come from LayerFusion, which hands the compressor a tree of 1-D buffers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+LeafState = Any
+
+
+class LeafCodec(NamedTuple):
+  """Compression, exchange and decompression of one leaf.
+
+  Attributes:
+    init: ``init(leaf, key) -> LeafState`` from anything with ``.shape`` and
+      ``.dtype`` (an array or a ``jax.ShapeDtypeStruct``) and a PRNG key shared
+      by all workers. Codecs without state return ``()``.
+    apply: ``apply(x, state, key, step) -> (mean, remainder, state)``.
+      ``x`` is this worker's float32 leaf; ``key`` a fresh PRNG key for this
+      leaf and step, the same on every worker (derive a per-worker stream with
+      ``exchange.worker_key``); ``step`` the int32 step counter.
+      ``mean`` is the mean over workers of the decompressed payloads, identical
+      on every worker; ``remainder`` is ``x`` minus this worker's own payload
+      decompressed, i.e. what was not sent (error feedback keeps it).
+  """
+
+  init: Callable[[Any, jax.Array], LeafState]
+  apply: Callable[
+      [jax.Array, LeafState, jax.Array, jax.Array],
+      tuple[jax.Array, jax.Array, LeafState],
+  ]
+
+
+def stateless_init(leaf, key) -> tuple[()]:
+  """``LeafCodec.init`` for codecs that keep nothing between steps."""
+  del leaf, key
+  return ()
+
+
+class CompressorState(NamedTuple):
+  """State of every gradcomp compressor.
+
+  Per worker: under ``shard_map`` each worker carries its own copy (see
+  ``workers.py``); ``leaves`` (residuals, PowerSGD's Q) differ between workers.
+  """
+
+  count: jax.Array  # shape=(), int32: steps taken.
+  key: jax.Array  # shape=(2,), uint32: PRNG stream shared by all workers.
+  leaves: Any  # per-leaf codec states, a tree with the params' structure as prefix.
+
+
+def leafwise(
+    codec: LeafCodec, *, seed: int = 0, agree_key_over: str | None = None
+) -> optax.GradientTransformation:
+  """Applies ``codec`` to every leaf of the update tree.
+
+  Leaves are compressed in float32 and the result is cast back to each leaf's
+  dtype, so shapes, dtypes and the tree structure are preserved.
+
+  Args:
+    codec: the per-leaf compression and exchange.
+    seed: seeds the PRNG stream shared by all workers.
+    agree_key_over: for codecs whose workers must draw the *same* random
+      numbers (random-k's indices), the axis over which each step's key is
+      agreed with an 8-byte all-reduce (``pmax``). Besides guarding against
+      diverged states, this types the key, and what is derived from it, as
+      replicated inside ``shard_map``.
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` returns the mean over
+    workers of the decompressed updates, and whose state is a
+    :class:`CompressorState`.
+  """
+
+  def init_fn(params):
+    leaves, treedef = jax.tree.flatten(params)
+    key = jax.random.PRNGKey(seed)
+    init_key, key = jax.random.split(key)
+    states = [
+        codec.init(leaf, jax.random.fold_in(init_key, i))
+        for i, leaf in enumerate(leaves)
+    ]
+    return CompressorState(
+        count=jnp.zeros([], jnp.int32),
+        key=key,
+        leaves=jax.tree.unflatten(treedef, states),
+    )
+
+  def update_fn(updates, state, params=None):
+    del params
+    leaves, treedef = jax.tree.flatten(updates)
+    leaf_states = treedef.flatten_up_to(state.leaves)
+    key, step_key = jax.random.split(state.key)
+    if agree_key_over is not None:
+      step_key = jax.lax.pmax(step_key, agree_key_over)
+    outputs, new_states = [], []
+    for i, (g, s) in enumerate(zip(leaves, leaf_states)):
+      mean, _, new_s = codec.apply(
+          g.astype(jnp.float32), s, jax.random.fold_in(step_key, i), state.count
+      )
+      outputs.append(mean.astype(g.dtype))
+      new_states.append(new_s)
+    new_state = CompressorState(
+        count=optax.safe_increment(state.count),
+        key=key,
+        leaves=jax.tree.unflatten(treedef, new_states),
+    )
+    return jax.tree.unflatten(treedef, outputs), new_state
+
+  return optax.GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,77 @@
+"""Skipping non-finite steps consistently across workers.
+
+``optax.apply_if_finite`` decides from the local gradient; under data
+parallelism one worker can see a NaN while the others do not, and workers that
+disagree take different branches around the collectives inside the compressor
+(a deadlock or garbage). This variant agrees first: a step is skipped on every
+worker when any worker's gradient is non-finite (one int32 all-reduce).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from gradcomp._src import exchange
+
+
+def apply_if_finite(
+    inner: optax.GradientTransformation,
+    max_consecutive_errors: int,
+    *,
+    axis_name: exchange.AxisName = None,
+) -> optax.GradientTransformation:
+  """``optax.apply_if_finite`` whose decision is the same on every worker.
+
+  A rejected step returns zero updates and leaves ``inner``'s state (residuals,
+  PowerSGD's Q, PRNG streams) exactly as it was. After more than
+  ``max_consecutive_errors`` rejections in a row the update is applied anyway,
+  as in optax; error-feedback memories still refuse to store non-finite values.
+
+  Args:
+    inner: the transformation to protect, typically the whole chain.
+    max_consecutive_errors: rejections tolerated in a row, >= 0.
+    axis_name: the mapped axis of the workers, or ``None`` for one device.
+
+  Returns:
+    An ``optax.GradientTransformation`` with ``optax.ApplyIfFiniteState``.
+  """
+  if not isinstance(max_consecutive_errors, int) or max_consecutive_errors < 0:
+    raise ValueError(
+        "max_consecutive_errors must be an integer >= 0, got "
+        f"{max_consecutive_errors!r}"
+    )
+
+  def init_fn(params):
+    return optax.ApplyIfFiniteState(
+        notfinite_count=jnp.zeros([], jnp.int32),
+        last_finite=jnp.array(True),
+        total_notfinite=jnp.zeros([], jnp.int32),
+        inner_state=inner.init(params),
+    )
+
+  def update_fn(updates, state, params=None):
+    local_bad = jnp.zeros([], jnp.int32)
+    for leaf in jax.tree.leaves(updates):
+      local_bad = local_bad | (~jnp.all(jnp.isfinite(leaf))).astype(jnp.int32)
+    finite = exchange.all_reduce_sum(local_bad, axis_name) == 0
+    notfinite_count = jnp.where(finite, 0, optax.safe_increment(state.notfinite_count))
+
+    def accept(_):
+      return inner.update(updates, state.inner_state, params)
+
+    def reject(_):
+      return jax.tree.map(jnp.zeros_like, updates), state.inner_state
+
+    new_updates, inner_state = jax.lax.cond(
+        finite | (notfinite_count > max_consecutive_errors), accept, reject, None
+    )
+    return new_updates, optax.ApplyIfFiniteState(
+        notfinite_count=notfinite_count,
+        last_finite=finite,
+        total_notfinite=state.total_notfinite + (~finite).astype(jnp.int32),
+        inner_state=inner_state,
+    )
+
+  return optax.GradientTransformation(init_fn, update_fn)

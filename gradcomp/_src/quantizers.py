@@ -1,0 +1,118 @@
+"""Unbiased stochastic quantizers: QSGD and TernGrad.
+
+Both round each coordinate up or down at random so that ``E[decode(encode(x))]
+= x`` (paper 004 §4, stochastic rounding). Rounding is independent between
+workers (each folds its worker index into the step key) and uses counter-based
+hash uniforms (``hashing.py``) rather than threefry, which dominates their cost
+on CPU (PERFORMANCE_NOTES).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from gradcomp._src import bits, checks, exchange, memory
+from gradcomp._src.base import LeafCodec, leafwise, stateless_init
+from gradcomp._src.hashing import hash_uniform
+
+
+def qsgd(
+    levels: int = 4,
+    *,
+    bucket_size: int = 512,
+    seed: int = 0,
+    axis_name: exchange.AxisName = None,
+    error_feedback: bool = False,
+) -> optax.GradientTransformation:
+  """QSGD: ``s`` levels of ``|x_i| / ||x_B||_2`` per bucket, stochastic rounding.
+
+  .. math::
+    Q(x_i) = \\|x_B\\|_2 \\operatorname{sign}(x_i) \\, \\xi_i / s,\\quad
+    \\xi_i = \\lfloor s|x_i|/\\|x_B\\|_2 + u_i \\rfloor,\\ u_i \\sim U[0,1)
+
+  where ``B`` is the bucket of ``bucket_size`` consecutive coordinates holding
+  ``i`` (QSGD §5 uses buckets of 512: one norm per leaf makes most codes zero
+  and the variance grows with ``sqrt(d)``). The wire format is one signed int8
+  code ``sign * xi`` per coordinate (``levels <= 127``) plus one float32 norm
+  per bucket; payloads are all-gathered.
+
+  Args:
+    levels: number of positive levels ``s``, in [1, 127].
+    bucket_size: coordinates sharing one norm, >= 1.
+    seed: seeds the rounding stream.
+    axis_name: the mapped axis of the workers, or ``None`` for one device.
+    error_feedback: add a memory of the rounding error (off in the paper).
+
+  Returns:
+    An ``optax.GradientTransformation``; unbiased when ``error_feedback=False``.
+
+  References:
+    Alistarh et al., *QSGD*, NeurIPS 2017, §3 and §5 (paper 000 ref. [3],
+    Table 1).
+  """
+  levels = checks.at_least("levels", levels, 1, 127)
+  bucket_size = checks.at_least("bucket_size", bucket_size, 1)
+
+  def apply(x, state, key, step):
+    del step
+    size = x.size
+    bucket = min(bucket_size, size)
+    buckets = jnp.pad(x.reshape(-1), (0, -size % bucket)).reshape(-1, bucket)
+    norms = jnp.sqrt(jnp.sum(buckets * buckets, axis=1, keepdims=True))
+    scaled = jnp.abs(buckets) * (levels / jnp.where(norms > 0, norms, 1.0))
+    u = hash_uniform(exchange.worker_key(key, axis_name), buckets.shape)
+    codes = (jnp.sign(buckets) * jnp.floor(scaled + u)).astype(jnp.int8)
+    scales = norms / levels
+
+    def decode(c, s):
+      return (c.astype(jnp.float32) * s).reshape(-1)[:size].reshape(x.shape)
+
+    n = exchange.num_workers(axis_name)
+    gathered = exchange.all_gather((codes, scales), axis_name)
+    mean = exchange.sum_over_workers(gathered, decode) / n
+    return mean, x - decode(codes, scales), state
+
+  codec = LeafCodec(stateless_init, apply)
+  return leafwise(memory.maybe_error_feedback(codec, error_feedback), seed=seed)
+
+
+def terngrad(
+    *, seed: int = 0, axis_name: exchange.AxisName = None
+) -> optax.GradientTransformation:
+  """TernGrad: ``s * sign(x_i) * b_i`` with ``b_i ~ Bernoulli(|x_i| / s)``, ``s = max|x|``.
+
+  The wire format is 2 bits per coordinate (packed ternary codes) plus one
+  float32 scale per leaf; payloads are all-gathered. Gradient clipping and
+  scaler sharing from the TernGrad paper are left to the surrounding optimizer.
+
+  Args:
+    seed: seeds the rounding stream.
+    axis_name: the mapped axis of the workers, or ``None`` for one device.
+
+  Returns:
+    An ``optax.GradientTransformation``; the output is unbiased.
+
+  References:
+    Wen et al., *TernGrad*, NeurIPS 2017 (paper 000 Table 1).
+  """
+
+  def apply(x, state, key, step):
+    del step
+    size = x.size
+    scale = jnp.max(jnp.abs(x))
+    u = hash_uniform(exchange.worker_key(key, axis_name), x.shape)
+    keep = u * scale < jnp.abs(x)
+    ternary = jnp.where(keep, jnp.sign(x), 0.0)
+    packed = bits.pack_ternary(ternary)
+
+    def decode(p, s):
+      return bits.unpack_ternary(p, size) * s
+
+    n = exchange.num_workers(axis_name)
+    gathered = exchange.all_gather((packed, scale), axis_name)
+    mean = exchange.sum_over_workers(gathered, decode) / n
+    return mean.reshape(x.shape), x - ternary * scale, state
+
+  return leafwise(LeafCodec(stateless_init, apply), seed=seed)

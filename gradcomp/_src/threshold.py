@@ -1,0 +1,55 @@
+"""MXNet's 2-bit threshold quantization with a residual (used by CD-SGD).
+
+Paper 001 §3 (CD-SGD compresses with it); MXNet ``gradient_compression`` type
+``2bit``: ``+t`` where ``e >= t``, ``-t`` where ``e <= -t``, else 0, and the
+residual keeps ``e`` minus what was sent.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import optax
+
+from gradcomp._src import bits, checks, exchange
+from gradcomp._src.base import LeafCodec, leafwise, stateless_init
+from gradcomp._src.memory import error_feedback
+
+
+def threshold_quantize(
+    threshold: float = 0.5, *, axis_name: exchange.AxisName = None
+) -> optax.GradientTransformation:
+  """2-bit threshold quantization with error feedback.
+
+  .. math::
+    e = r + g,\\quad q = t\\,(1_{e \\ge t} - 1_{e \\le -t}),\\quad r = e - q
+
+  The wire format is 2 bits per coordinate (packed ternary codes); payloads are
+  all-gathered and the output is ``t`` times the mean code.
+
+  Args:
+    threshold: ``t > 0``.
+    axis_name: the mapped axis of the workers, or ``None`` for one device.
+
+  Returns:
+    An ``optax.GradientTransformation``.
+
+  References:
+    Paper 001 §3 (2-bit quantization in CD-SGD); paper 004 §4 (threshold
+    quantization with error feedback).
+  """
+  t = checks.positive("threshold", threshold)
+
+  def apply(x, state, key, step):
+    del key, step
+    size = x.size
+    ternary = (x >= t).astype(jnp.float32) - (x <= -t).astype(jnp.float32)
+    packed = bits.pack_ternary(ternary)
+    n = exchange.num_workers(axis_name)
+    gathered = exchange.all_gather((packed,), axis_name)
+    codes = exchange.sum_over_workers(
+        gathered, lambda p: bits.unpack_ternary(p, size)
+    )
+    mean = (codes * (t / n)).reshape(x.shape)
+    return mean, x - ternary * t, state
+
+  return leafwise(error_feedback(LeafCodec(stateless_init, apply)))

@@ -1,0 +1,25 @@
+"""Per-worker state under ``shard_map``.
+
+Compressor state is per worker (residuals differ between workers). The
+faithful layout outside the step gives every state leaf a leading worker axis
+sharded over the data axis; inside ``shard_map`` each worker sees a block of
+size 1 on that axis, which the step drops before ``tx.update`` and restores
+after. Under ``pmap`` the mapped axis plays that role and needs none of this.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def add_worker_axis(tree, num_workers: int = 1):
+  """Every leaf repeated ``num_workers`` times along a new leading axis."""
+  return jax.tree.map(
+      lambda x: jnp.broadcast_to(x[None], (num_workers, *jnp.shape(x))), tree
+  )
+
+
+def drop_worker_axis(tree):
+  """Inverse of ``add_worker_axis(tree, 1)``: each leaf's (size-1) axis 0 removed."""
+  return jax.tree.map(lambda x: x[0], tree)
