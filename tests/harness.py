@@ -1,0 +1,94 @@
+"""Running a compressor on 8 virtual CPU workers (shard_map and pmap) in tests.
+
+Per-worker values (gradients, compressor state) carry a leading worker axis
+sharded over ``"data"``; outputs come back with that axis too, so a test can
+check that every worker got the same result instead of trusting the typing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import gradcomp
+
+AXIS = "data"
+WORKERS = 8
+
+
+@functools.cache
+def mesh():
+  return jax.make_mesh((WORKERS,), (AXIS,))
+
+
+def shard(tree, spec=P(AXIS)):
+  return jax.device_put(tree, NamedSharding(mesh(), spec))
+
+
+def worker_state(tx, params):
+  """``tx.init(params)`` repeated for every worker, sharded over the workers."""
+  return shard(gradcomp.add_worker_axis(tx.init(params), WORKERS))
+
+
+def sharded_update(tx, *, jit: bool = True):
+  """``f(grads, state) -> (updates, state)``, all with a leading worker axis."""
+
+  def step(grads, state):
+    grads = gradcomp.drop_worker_axis(grads)
+    updates, state = tx.update(grads, gradcomp.drop_worker_axis(state))
+    return gradcomp.add_worker_axis((updates, state))
+
+  f = jax.shard_map(step, mesh=mesh(), in_specs=P(AXIS), out_specs=P(AXIS))
+  return jax.jit(f) if jit else f
+
+
+def sharded_steps(tx):
+  """``f(grads, state)`` over grads of shape (T, workers, ...): a scan of T steps.
+
+  Returns the per-step updates of worker 0's view, shape (T, ...), and the
+  final per-worker state.
+  """
+
+  def steps(grads, state):
+    grads = jax.tree.map(lambda g: g[:, 0], grads)
+    state = gradcomp.drop_worker_axis(state)
+
+    def body(state, g):
+      updates, state = tx.update(g, state)
+      return state, updates
+
+    state, updates = jax.lax.scan(body, state, grads)
+    return updates, gradcomp.add_worker_axis(state)
+
+  f = jax.shard_map(
+      steps,
+      mesh=mesh(),
+      in_specs=(P(None, AXIS), P(AXIS)),
+      out_specs=(P(), P(AXIS)),
+  )
+  return jax.jit(f)
+
+
+def pmapped_update(tx):
+  return jax.pmap(tx.update, axis_name=AXIS)
+
+
+def assert_same_on_workers(tree):
+  for leaf in jax.tree.leaves(tree):
+    leaf = np.asarray(leaf)
+    for w in range(1, leaf.shape[0]):
+      np.testing.assert_array_equal(leaf[w], leaf[0])
+
+
+def random_grads(shapes: dict, seed: int = 0, workers: int = WORKERS):
+  """A dict of float32 gradients with a leading worker axis."""
+  rng = np.random.default_rng(seed)
+  return {
+      name: jnp.asarray(rng.standard_normal((workers, *shape)), jnp.float32)
+      for name, shape in shapes.items()
+  }
