@@ -58,14 +58,14 @@ def apply_if_finite(
     finite = exchange.all_reduce_sum(local_bad, axis_name) == 0
     notfinite_count = jnp.where(finite, 0, optax.safe_increment(state.notfinite_count))
 
-    def accept(_):
-      return inner.update(updates, state.inner_state, params)
-
-    def reject(_):
-      return jax.tree.map(jnp.zeros_like, updates), state.inner_state
-
-    new_updates, inner_state = jax.lax.cond(
-        finite | (notfinite_count > max_consecutive_errors), accept, reject, None
+    # Run the inner update and select, rather than lax.cond: both outcomes
+    # keep the same replication types under shard_map, and every worker runs
+    # the same collectives whatever the outcome.
+    new_updates, inner_state = inner.update(updates, state.inner_state, params)
+    apply = finite | (notfinite_count > max_consecutive_errors)
+    new_updates = jax.tree.map(lambda u: jnp.where(apply, u, 0), new_updates)
+    inner_state = jax.tree.map(
+        lambda n, o: jnp.where(apply, n, o), inner_state, state.inner_state
     )
     return new_updates, optax.ApplyIfFiniteState(
         notfinite_count=notfinite_count,

@@ -44,6 +44,9 @@ def qsgd(
     seed: seeds the rounding stream.
     axis_name: the mapped axis of the workers, or ``None`` for one device.
     error_feedback: add a memory of the rounding error (off in the paper).
+      The memory stays bounded only if the quantizer is a contraction, i.e. its
+      variance factor ``min(b / s^2, sqrt(b) / s) < 1`` for bucket size ``b``
+      (Karimireddy et al. 2019); with ``levels=4, bucket_size=512`` it is not.
 
   Returns:
     An ``optax.GradientTransformation``; unbiased when ``error_feedback=False``.

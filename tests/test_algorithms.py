@@ -1,0 +1,355 @@
+"""Each compressor against an independent reference or an invariant (STYLE §13)."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import gradcomp
+import harness
+from gradcomp._src.base import CompressorState
+from gradcomp._src.dgc import DGCLeafState
+from gradcomp._src.memory import ErrorFeedbackState
+
+AXIS, N = harness.AXIS, harness.WORKERS
+
+
+def single(tx, grads):
+  """Single-device update of a tree (no collectives)."""
+  return jax.jit(tx.update)(grads, tx.init(grads))[0]
+
+
+def per_worker_single(factory, grads):
+  """Each worker's leaf compressed alone (axis_name=None): shape (workers, ...)."""
+  tx = factory(None)
+  return np.stack(
+      [np.asarray(single(tx, {"x": grads["x"][w]})["x"]) for w in range(N)]
+  )
+
+
+def on_workers(factory, grads):
+  tx = factory(AXIS)
+  params = jax.tree.map(lambda g: g[0], grads)
+  updates, state = harness.sharded_update(tx)(
+      harness.shard(grads), harness.worker_state(tx, params)
+  )
+  harness.assert_same_on_workers(updates)
+  return np.asarray(updates["x"])[0], state
+
+
+# -- top-k ------------------------------------------------------------------
+
+
+def test_topk_equals_numpy_argpartition():
+  x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+  out = np.asarray(single(gradcomp.topk(0.05), {"x": jnp.asarray(x)})["x"])
+  keep = np.argpartition(-np.abs(x), 50)[:50]
+  expected = np.zeros_like(x)
+  expected[keep] = x[keep]
+  np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    "name, factory, rtol",
+    [
+        ("none", lambda a: gradcomp.none(axis_name=a), 1e-6),
+        ("fp16", lambda a: gradcomp.fp16(axis_name=a), 2e-3),
+        ("bf16", lambda a: gradcomp.fp16(axis_name=a, dtype=jnp.bfloat16), 2e-2),
+        ("topk", lambda a: gradcomp.topk(0.1, axis_name=a), 1e-6),
+        ("randomk", lambda a: gradcomp.randomk(0.1, axis_name=a), 1e-6),
+        # A full sample makes DGC's threshold exact, so workers are comparable.
+        ("dgc", lambda a: gradcomp.dgc(0.1, sample_ratio=1.0, axis_name=a), 1e-6),
+        ("ef_signsgd", lambda a: gradcomp.ef_signsgd(axis_name=a), 1e-6),
+        ("threshold", lambda a: gradcomp.threshold_quantize(0.5, axis_name=a), 1e-6),
+    ],
+)
+def test_eight_workers_equal_mean_of_single_device_results(name, factory, rtol):
+  grads = harness.random_grads({"x": (257,)}, seed=5)
+  out, _ = on_workers(factory, grads)
+  expected = per_worker_single(factory, grads).mean(axis=0)
+  # 16-bit sums round at every partial sum: compare on the scale of the data.
+  np.testing.assert_allclose(out, expected, rtol=rtol, atol=rtol)
+
+
+# -- signSGD ----------------------------------------------------------------
+
+
+def test_signsgd_is_the_majority_vote():
+  grads = harness.random_grads({"x": (301,)}, seed=6)
+  grads["x"] = grads["x"].at[:, :5].set(0.0)  # zero counts as +1
+  out, _ = on_workers(lambda a: gradcomp.signsgd(axis_name=a), grads)
+  votes = np.where(np.asarray(grads["x"]) >= 0, 1, -1).sum(axis=0)
+  np.testing.assert_array_equal(out, np.sign(votes))
+
+
+# -- random-k ---------------------------------------------------------------
+
+
+def test_randomk_sends_the_same_k_coordinates_from_every_worker():
+  grads = harness.random_grads({"x": (1000,)}, seed=7)
+  out, _ = on_workers(lambda a: gradcomp.randomk(0.02, axis_name=a), grads)
+  chosen = np.flatnonzero(out)
+  assert chosen.size == 20
+  np.testing.assert_allclose(
+      out[chosen], np.asarray(grads["x"]).mean(axis=0)[chosen], rtol=1e-6
+  )
+
+
+def test_randomk_indices_are_distinct_and_cover_uniformly():
+  from gradcomp._src.randomk import shared_indices
+
+  counts = np.zeros(103)
+  for s in range(300):
+    idx = np.asarray(shared_indices(jax.random.PRNGKey(s), 103, 10))
+    assert np.unique(idx).size == 10
+    counts[idx] += 1
+  # Each coordinate is chosen ~10/103 of the time: 300 draws -> ~29 +- 5.
+  assert counts.min() > 10 and counts.max() < 50
+
+
+# -- PowerSGD ---------------------------------------------------------------
+
+
+def test_powersgd_exact_when_the_mean_has_low_rank():
+  rng = np.random.default_rng(8)
+  u = rng.standard_normal((40, 3))
+  # Every worker's gradient differs, but their mean has rank 3 <= 4.
+  v = rng.standard_normal((N, 30, 3))
+  noise = rng.standard_normal((N, 40, 30))
+  noise -= noise.mean(axis=0)
+  g = np.einsum("ir,wjr->wij", u, v) + noise
+  out, _ = on_workers(
+      lambda a: gradcomp.powersgd(4, axis_name=a), {"x": jnp.asarray(g, jnp.float32)}
+  )
+  np.testing.assert_allclose(out, g.mean(axis=0), rtol=1e-3, atol=1e-4)
+
+
+def test_powersgd_on_workers_equals_single_device_on_the_mean():
+  grads = harness.random_grads({"x": (24, 20)}, seed=9)
+  out, _ = on_workers(lambda a: gradcomp.powersgd(2, axis_name=a), grads)
+  mean = {"x": jnp.mean(grads["x"], axis=0)}
+  expected = single(gradcomp.powersgd(2), mean)["x"]
+  np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_powersgd_reshapes_vectors_near_square():
+  from gradcomp._src.powersgd import matrix_shape
+
+  assert matrix_shape((1000,)) == (32, 32)
+  assert matrix_shape((3, 3, 16, 32)) == (144, 32)
+  assert matrix_shape(()) == (1, 1)
+
+
+# -- error feedback ---------------------------------------------------------
+
+
+def residual_mean(state) -> np.ndarray:
+  """Mean over workers of the memory of leaf "x" (residual or DGC velocity)."""
+  leaf = state.leaves["x"]
+  memory = leaf.velocity if isinstance(leaf, DGCLeafState) else leaf.residual
+  return np.asarray(memory).mean(axis=0)
+
+
+EF_COMPRESSORS = {
+    "topk": lambda a: gradcomp.topk(0.1, axis_name=a),
+    "randomk": lambda a: gradcomp.randomk(0.1, axis_name=a),
+    "dgc": lambda a: gradcomp.dgc(0.1, momentum=0.0, axis_name=a),
+    # Error feedback needs a contraction: QSGD's variance factor
+    # min(b / s^2, sqrt(b) / s) must be < 1 (here 1/16), or the memory grows.
+    "qsgd": lambda a: gradcomp.qsgd(16, bucket_size=16, error_feedback=True, axis_name=a),
+    "ef_signsgd": lambda a: gradcomp.ef_signsgd(axis_name=a),
+    "powersgd": lambda a: gradcomp.powersgd(1, axis_name=a),
+    "threshold": lambda a: gradcomp.threshold_quantize(0.5, axis_name=a),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EF_COMPRESSORS))
+def test_error_feedback_conserves_mass(name):
+  """sum_t out_t + mean_w residual_w == sum_t mean_w g_w, and sparsifiers drain."""
+  steps, drain = 5, 150
+  rng = np.random.default_rng(10)
+  g = np.zeros((steps + drain, N, 10, 10), np.float32)
+  g[:steps] = rng.standard_normal((steps, N, 10, 10))
+  tx = EF_COMPRESSORS[name](AXIS)
+  outputs, state = harness.sharded_steps(tx)(
+      harness.shard({"x": jnp.asarray(g)}, jax.sharding.PartitionSpec(None, AXIS)),
+      harness.worker_state(tx, {"x": jnp.zeros((10, 10))}),
+  )
+  sent = np.asarray(outputs["x"]).sum(axis=0)
+  total = g.sum(axis=0).mean(axis=0)
+  np.testing.assert_allclose(sent + residual_mean(state), total, atol=1e-4)
+  if name in ("topk", "randomk", "dgc"):
+    np.testing.assert_allclose(sent, total, atol=1e-4)
+
+
+# -- unbiased quantizers ----------------------------------------------------
+
+
+def sample_outputs(tx, x, draws):
+  """``draws`` single-device outputs for the same input, fresh randomness each."""
+
+  def body(state, _):
+    out, state = tx.update({"x": x}, state)
+    return state, out["x"]
+
+  _, outs = jax.jit(lambda s: jax.lax.scan(body, s, None, length=draws))(
+      tx.init({"x": x})
+  )
+  return np.asarray(outs, np.float64)
+
+
+@pytest.mark.parametrize(
+    "factory", [lambda: gradcomp.qsgd(2, bucket_size=16), gradcomp.terngrad]
+)
+def test_stochastic_quantizers_are_unbiased(factory):
+  x = jnp.asarray(np.random.default_rng(11).standard_normal(64), jnp.float32)
+  draws = 4000
+  outs = sample_outputs(factory(), x, draws)
+  stderr = outs.std(axis=0) / np.sqrt(draws) + 1e-7
+  z = (outs.mean(axis=0) - np.asarray(x)) / stderr
+  # 64 coordinates, |z| > 5 has probability ~6e-7 each under unbiasedness.
+  assert np.abs(z).max() < 5.0, np.abs(z).max()
+  assert outs.std(axis=0).max() > 0  # it really is random
+
+
+@pytest.mark.parametrize("name", ["qsgd", "terngrad"])
+def test_rounding_is_independent_between_workers(name):
+  """The mean of 8 workers' roundings of one vector has 1/8 of the variance."""
+  factory = {"qsgd": gradcomp.qsgd, "terngrad": gradcomp.terngrad}[name]
+  x = np.random.default_rng(12).standard_normal(512).astype(np.float32)
+  grads = {"x": jnp.asarray(np.broadcast_to(x, (N, 512)))}
+  out, _ = on_workers(lambda a: factory(axis_name=a), grads)
+  one = np.asarray(single(factory(), {"x": jnp.asarray(x)})["x"])
+  ratio = np.var(out - x) / np.var(one - x)
+  assert 0.06 < ratio < 0.25, ratio
+
+
+# -- quantizer wire formats -------------------------------------------------
+
+
+def test_threshold_quantize_matches_numpy():
+  x = np.random.default_rng(13).standard_normal(99).astype(np.float32)
+  out = np.asarray(single(gradcomp.threshold_quantize(0.7), {"x": jnp.asarray(x)})["x"])
+  np.testing.assert_array_equal(out, 0.7 * ((x >= 0.7).astype(np.float32) - (x <= -0.7)))
+
+
+def test_ef_signsgd_first_step_is_scaled_sign():
+  x = np.random.default_rng(14).standard_normal(77).astype(np.float32)
+  out = np.asarray(single(gradcomp.ef_signsgd(), {"x": jnp.asarray(x)})["x"])
+  np.testing.assert_allclose(out, np.abs(x).mean() * np.where(x >= 0, 1, -1), rtol=1e-6)
+
+
+def test_dgc_momentum_correction_and_factor_masking():
+  """Two steps by hand: u = m u + g, v = v + u, send top of v, clear u and v there."""
+  g1 = np.array([4.0, 1.0, 0.5, -0.2], np.float32)
+  g2 = np.array([0.1, 1.0, -0.3, 0.2], np.float32)
+  tx = gradcomp.dgc(0.25, momentum=0.5, sample_ratio=1.0)
+  state = tx.init({"x": jnp.zeros(4)})
+  out1, state = tx.update({"x": jnp.asarray(g1)}, state)
+  out2, state = tx.update({"x": jnp.asarray(g2)}, state)
+  np.testing.assert_allclose(out1["x"], [4.0, 0, 0, 0])
+  # After step 1, u = v = [0, 1, 0.5, -0.2] (coordinate 0 sent and cleared).
+  # Step 2: u = 0.5 u + g2 = [0.1, 1.5, -0.05, 0.1]; v = v + u = [0.1, 2.5, 0.45, -0.1].
+  np.testing.assert_allclose(out2["x"], [0, 2.5, 0, 0], rtol=1e-6)
+  leaf = state.leaves["x"]
+  np.testing.assert_allclose(leaf.momentum, [0.1, 0, -0.05, 0.1], rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(leaf.velocity, [0.1, 0, 0.45, -0.1], rtol=1e-5, atol=1e-7)
+
+
+def test_dgc_warmup_sends_more_early():
+  x = {"x": jnp.asarray(np.random.default_rng(15).standard_normal(1000), jnp.float32)}
+  tx = gradcomp.dgc(0.01, momentum=0.0, warmup_steps=8, sample_ratio=1.0)
+  state = tx.init(x)
+  counts = []
+  for _ in range(10):
+    out, state = jax.jit(tx.update)(x, state)
+    counts.append(int(np.count_nonzero(out["x"])))
+  assert counts[0] == 250 and counts[-1] == 10, counts
+  assert counts == sorted(counts, reverse=True)
+
+
+# -- non-finite gradients ---------------------------------------------------
+
+
+def test_apply_if_finite_keeps_compressor_state_on_a_nan_step():
+  params = {"x": jnp.zeros(20)}
+  tx = optax.apply_if_finite(optax.chain(gradcomp.topk(0.1), optax.sgd(0.1)), 3)
+  state = tx.init(params)
+  good = {"x": jnp.arange(20.0)}
+  _, state = tx.update(good, state)
+  bad = {"x": good["x"].at[3].set(jnp.nan)}
+  updates, after = tx.update(bad, state)
+  chex.assert_trees_all_equal(after.inner_state, state.inner_state)
+  chex.assert_trees_all_equal(updates, {"x": jnp.zeros(20)})
+  updates, after = tx.update(good, after)  # training continues
+  chex.assert_tree_all_finite((updates, after))
+  assert int(after.total_notfinite) == 1
+
+
+def test_memory_never_stores_non_finite_values():
+  """Even when a NaN step is applied (no apply_if_finite), the residual survives."""
+  tx = gradcomp.topk(0.1)
+  good = {"x": jnp.arange(20.0)}
+  _, state = tx.update(good, tx.init(good))
+  _, after = tx.update({"x": good["x"].at[0].set(jnp.inf)}, state)
+  chex.assert_trees_all_equal(after.leaves, state.leaves)
+
+
+def test_workers_agree_to_skip_when_one_worker_has_a_nan():
+  grads = harness.random_grads({"x": (40,)}, seed=16)
+  params = {"x": jnp.zeros(40)}
+  tx = gradcomp.apply_if_finite(
+      gradcomp.topk(0.1, axis_name=AXIS), 2, axis_name=AXIS
+  )
+  update = harness.sharded_update(tx)
+  state0 = harness.worker_state(tx, params)
+  _, state1 = update(harness.shard(grads), state0)
+  bad = {"x": grads["x"].at[5, 7].set(jnp.nan)}  # worker 5 only
+  updates, state2 = update(harness.shard(bad), state1)
+  np.testing.assert_array_equal(np.asarray(updates["x"]), 0.0)
+  chex.assert_trees_all_equal(state2.inner_state, state1.inner_state)
+  np.testing.assert_array_equal(np.asarray(state2.total_notfinite), 1)
+  updates, state3 = update(harness.shard(grads), state2)
+  chex.assert_tree_all_finite((updates, state3))
+  assert np.abs(np.asarray(updates["x"])).sum() > 0
+
+
+# -- hyper-parameters -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "build, parameter",
+    [
+        (lambda: gradcomp.topk(0.0), "ratio"),
+        (lambda: gradcomp.topk(1.5), "ratio"),
+        (lambda: gradcomp.randomk(-0.1), "ratio"),
+        (lambda: gradcomp.dgc(2.0), "ratio"),
+        (lambda: gradcomp.dgc(0.01, momentum=1.0), "momentum"),
+        (lambda: gradcomp.dgc(0.01, sample_ratio=0.0), "sample_ratio"),
+        (lambda: gradcomp.qsgd(0), "levels"),
+        (lambda: gradcomp.qsgd(200), "levels"),
+        (lambda: gradcomp.qsgd(4, bucket_size=0), "bucket_size"),
+        (lambda: gradcomp.powersgd(0), "rank"),
+        (lambda: gradcomp.threshold_quantize(-0.5), "threshold"),
+        (lambda: gradcomp.threshold_quantize(0.0), "threshold"),
+        (lambda: gradcomp.fp16(dtype=jnp.float32), "dtype"),
+        (lambda: gradcomp.get("nope"), "unknown compressor"),
+        (lambda: gradcomp.apply_if_finite(gradcomp.none(), -1), "max_consecutive_errors"),
+    ],
+)
+def test_invalid_hyper_parameters_raise_naming_the_parameter(build, parameter):
+  with pytest.raises(ValueError, match=parameter):
+    build()
+
+
+def test_ratio_error_states_the_valid_range():
+  with pytest.raises(ValueError, match=r"ratio must be in \(0, 1\], got 0"):
+    gradcomp.topk(0)
+
+
+def test_compressor_state_is_the_documented_type():
+  state = gradcomp.topk(0.5).init({"x": jnp.zeros(4)})
+  assert isinstance(state, CompressorState)
+  assert isinstance(state.leaves["x"], ErrorFeedbackState)
