@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def pack_signs(x: jax.Array) -> jax.Array:
@@ -21,7 +22,7 @@ def unpack_signs(bits: jax.Array, size: int) -> jax.Array:
   return 2.0 * b - 1.0
 
 
-_SHIFTS = jnp.array([0, 2, 4, 6], jnp.uint8)
+_SHIFTS = np.array([0, 2, 4, 6], np.uint8)  # numpy: importing must not start JAX
 
 
 def pack_ternary(t: jax.Array) -> jax.Array:
