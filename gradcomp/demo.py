@@ -30,19 +30,25 @@ import gradcomp  # noqa: E402
 
 AXIS = "data"
 STEPS = 20
-SHAPES = {"w1": (784, 256), "b1": (256,), "w2": (256, 256), "b2": (256,), "w3": (256, 10)}
+SHAPES = {
+  "w1": (784, 256),
+  "b1": (256,),
+  "w2": (256, 256),
+  "b2": (256,),
+  "w3": (256, 10),
+}
 COMPRESSORS = [
-    ("none", {}),
-    ("fp16", {}),
-    ("topk", {"ratio": 0.01}),
-    ("randomk", {"ratio": 0.01}),
-    ("dgc", {"ratio": 0.01, "momentum": 0.0}),
-    ("qsgd", {"levels": 4}),
-    ("terngrad", {}),
-    ("signsgd", {}),
-    ("ef_signsgd", {}),
-    ("powersgd", {"rank": 4}),
-    ("threshold_quantize", {"threshold": 0.05}),
+  ("none", {}),
+  ("fp16", {}),
+  ("topk", {"ratio": 0.01}),
+  ("randomk", {"ratio": 0.01}),
+  ("dgc", {"ratio": 0.01, "momentum": 0.0}),
+  ("qsgd", {"levels": 4}),
+  ("terngrad", {}),
+  ("signsgd", {}),
+  ("ef_signsgd", {}),
+  ("powersgd", {"rank": 4}),
+  ("threshold_quantize", {"threshold": 0.05}),
 ]
 
 
@@ -72,9 +78,9 @@ def run(tx, mesh, grads):
     return updates, gradcomp.add_worker_axis(state)
 
   fn = jax.jit(
-      jax.shard_map(
-          steps, mesh=mesh, in_specs=(P(None, AXIS), P(AXIS)), out_specs=(P(), P(AXIS))
-      )
+    jax.shard_map(
+      steps, mesh=mesh, in_specs=(P(None, AXIS), P(AXIS)), out_specs=(P(), P(AXIS))
+    )
   )
   params = {k: jnp.zeros(v, jnp.float32) for k, v in SHAPES.items()}
   state = gradcomp.add_worker_axis(tx.init(params), mesh.size)
@@ -96,8 +102,12 @@ def main() -> None:
   grads = worker_gradients(mesh, workers, STEPS)
   exact = jax.tree.map(lambda g: np.asarray(g).mean(axis=1), grads)
   size = sum(int(np.prod(s)) for s in SHAPES.values())
-  print(f"{workers} workers on {jax.devices()[0].platform}, {size:,} parameters per gradient\n")
-  print("| compressor | bytes sent / step | vs fp32 | rel. error, 1 step | rel. error, sum of 20 | time |")
+  print(
+    f"{workers} workers on {jax.devices()[0].platform}, {size:,} parameters per gradient\n"
+  )
+  print(
+    "| compressor | bytes sent / step | vs fp32 | rel. error, 1 step | rel. error, sum of 20 | time |"
+  )
   print("|---|---:|---:|---:|---:|---:|")
   dense = None
   for name, kwargs in COMPRESSORS:
@@ -106,21 +116,21 @@ def main() -> None:
     sent, updates = run(tx, mesh, grads)
     dense = dense or sent
     first = relative_error(
-        jax.tree.map(lambda u: np.asarray(u)[0], updates),
-        jax.tree.map(lambda e: e[0], exact),
+      jax.tree.map(lambda u: np.asarray(u)[0], updates),
+      jax.tree.map(lambda e: e[0], exact),
     )
     total = relative_error(
-        jax.tree.map(lambda u: np.asarray(u).sum(0), updates),
-        jax.tree.map(lambda e: e.sum(0), exact),
+      jax.tree.map(lambda u: np.asarray(u).sum(0), updates),
+      jax.tree.map(lambda e: e.sum(0), exact),
     )
     label = name + "".join(f" {k}={v}" for k, v in kwargs.items())
     print(
-        f"| {label} | {sent:,} | {sent / dense:.4f} | {first:.3f} | {total:.3f} "
-        f"| {time.perf_counter() - start:.1f}s |"
+      f"| {label} | {sent:,} | {sent / dense:.4f} | {first:.3f} | {total:.3f} "
+      f"| {time.perf_counter() - start:.1f}s |"
     )
   print(
-      "\nsignSGD returns the majority vote (a sign vector), not a mean, so its "
-      "error is measured against the mean only for reference."
+    "\nsignSGD returns the majority vote (a sign vector), not a mean, so its "
+    "error is measured against the mean only for reference."
   )
 
 

@@ -26,8 +26,9 @@ def mesh():
   return jax.make_mesh((WORKERS,), (AXIS,))
 
 
-def shard(tree, spec=P(AXIS)):
-  return jax.device_put(tree, NamedSharding(mesh(), spec))
+def shard(tree, spec=None):
+  """Places ``tree`` on the mesh, split over workers along axis 0 by default."""
+  return jax.device_put(tree, NamedSharding(mesh(), P(AXIS) if spec is None else spec))
 
 
 def worker_state(tx, params):
@@ -66,10 +67,10 @@ def sharded_steps(tx):
     return updates, gradcomp.add_worker_axis(state)
 
   f = jax.shard_map(
-      steps,
-      mesh=mesh(),
-      in_specs=(P(None, AXIS), P(AXIS)),
-      out_specs=(P(), P(AXIS)),
+    steps,
+    mesh=mesh(),
+    in_specs=(P(None, AXIS), P(AXIS)),
+    out_specs=(P(), P(AXIS)),
   )
   return jax.jit(f)
 
@@ -89,6 +90,6 @@ def random_grads(shapes: dict, seed: int = 0, workers: int = WORKERS):
   """A dict of float32 gradients with a leading worker axis."""
   rng = np.random.default_rng(seed)
   return {
-      name: jnp.asarray(rng.standard_normal((workers, *shape)), jnp.float32)
-      for name, shape in shapes.items()
+    name: jnp.asarray(rng.standard_normal((workers, *shape)), jnp.float32)
+    for name, shape in shapes.items()
   }

@@ -8,10 +8,11 @@ import optax
 import pytest
 
 import gradcomp
-import harness
 from gradcomp._src.base import CompressorState
 from gradcomp._src.dgc import DGCLeafState
 from gradcomp._src.memory import ErrorFeedbackState
+
+import harness
 
 AXIS, N = harness.AXIS, harness.WORKERS
 
@@ -24,16 +25,14 @@ def single(tx, grads):
 def per_worker_single(factory, grads):
   """Each worker's leaf compressed alone (axis_name=None): shape (workers, ...)."""
   tx = factory(None)
-  return np.stack(
-      [np.asarray(single(tx, {"x": grads["x"][w]})["x"]) for w in range(N)]
-  )
+  return np.stack([np.asarray(single(tx, {"x": grads["x"][w]})["x"]) for w in range(N)])
 
 
 def on_workers(factory, grads):
   tx = factory(AXIS)
   params = jax.tree.map(lambda g: g[0], grads)
   updates, state = harness.sharded_update(tx)(
-      harness.shard(grads), harness.worker_state(tx, params)
+    harness.shard(grads), harness.worker_state(tx, params)
   )
   harness.assert_same_on_workers(updates)
   return np.asarray(updates["x"])[0], state
@@ -52,18 +51,18 @@ def test_topk_equals_numpy_argpartition():
 
 
 @pytest.mark.parametrize(
-    "name, factory, rtol",
-    [
-        ("none", lambda a: gradcomp.none(axis_name=a), 1e-6),
-        ("fp16", lambda a: gradcomp.fp16(axis_name=a), 2e-3),
-        ("bf16", lambda a: gradcomp.fp16(axis_name=a, dtype=jnp.bfloat16), 2e-2),
-        ("topk", lambda a: gradcomp.topk(0.1, axis_name=a), 1e-6),
-        ("randomk", lambda a: gradcomp.randomk(0.1, axis_name=a), 1e-6),
-        # A full sample makes DGC's threshold exact, so workers are comparable.
-        ("dgc", lambda a: gradcomp.dgc(0.1, sample_ratio=1.0, axis_name=a), 1e-6),
-        ("ef_signsgd", lambda a: gradcomp.ef_signsgd(axis_name=a), 1e-6),
-        ("threshold", lambda a: gradcomp.threshold_quantize(0.5, axis_name=a), 1e-6),
-    ],
+  "name, factory, rtol",
+  [
+    ("none", lambda a: gradcomp.none(axis_name=a), 1e-6),
+    ("fp16", lambda a: gradcomp.fp16(axis_name=a), 2e-3),
+    ("bf16", lambda a: gradcomp.fp16(axis_name=a, dtype=jnp.bfloat16), 2e-2),
+    ("topk", lambda a: gradcomp.topk(0.1, axis_name=a), 1e-6),
+    ("randomk", lambda a: gradcomp.randomk(0.1, axis_name=a), 1e-6),
+    # A full sample makes DGC's threshold exact, so workers are comparable.
+    ("dgc", lambda a: gradcomp.dgc(0.1, sample_ratio=1.0, axis_name=a), 1e-6),
+    ("ef_signsgd", lambda a: gradcomp.ef_signsgd(axis_name=a), 1e-6),
+    ("threshold", lambda a: gradcomp.threshold_quantize(0.5, axis_name=a), 1e-6),
+  ],
 )
 def test_eight_workers_equal_mean_of_single_device_results(name, factory, rtol):
   grads = harness.random_grads({"x": (257,)}, seed=5)
@@ -93,7 +92,7 @@ def test_randomk_sends_the_same_k_coordinates_from_every_worker():
   chosen = np.flatnonzero(out)
   assert chosen.size == 20
   np.testing.assert_allclose(
-      out[chosen], np.asarray(grads["x"]).mean(axis=0)[chosen], rtol=1e-6
+    out[chosen], np.asarray(grads["x"]).mean(axis=0)[chosen], rtol=1e-6
   )
 
 
@@ -121,7 +120,7 @@ def test_powersgd_exact_when_the_mean_has_low_rank():
   noise -= noise.mean(axis=0)
   g = np.einsum("ir,wjr->wij", u, v) + noise
   out, _ = on_workers(
-      lambda a: gradcomp.powersgd(4, axis_name=a), {"x": jnp.asarray(g, jnp.float32)}
+    lambda a: gradcomp.powersgd(4, axis_name=a), {"x": jnp.asarray(g, jnp.float32)}
   )
   np.testing.assert_allclose(out, g.mean(axis=0), rtol=1e-3, atol=1e-4)
 
@@ -153,15 +152,15 @@ def residual_mean(state) -> np.ndarray:
 
 
 EF_COMPRESSORS = {
-    "topk": lambda a: gradcomp.topk(0.1, axis_name=a),
-    "randomk": lambda a: gradcomp.randomk(0.1, axis_name=a),
-    "dgc": lambda a: gradcomp.dgc(0.1, momentum=0.0, axis_name=a),
-    # Error feedback needs a contraction: QSGD's variance factor
-    # min(b / s^2, sqrt(b) / s) must be < 1 (here 1/16), or the memory grows.
-    "qsgd": lambda a: gradcomp.qsgd(16, bucket_size=16, error_feedback=True, axis_name=a),
-    "ef_signsgd": lambda a: gradcomp.ef_signsgd(axis_name=a),
-    "powersgd": lambda a: gradcomp.powersgd(1, axis_name=a),
-    "threshold": lambda a: gradcomp.threshold_quantize(0.5, axis_name=a),
+  "topk": lambda a: gradcomp.topk(0.1, axis_name=a),
+  "randomk": lambda a: gradcomp.randomk(0.1, axis_name=a),
+  "dgc": lambda a: gradcomp.dgc(0.1, momentum=0.0, axis_name=a),
+  # Error feedback needs a contraction: QSGD's variance factor
+  # min(b / s^2, sqrt(b) / s) must be < 1 (here 1/16), or the memory grows.
+  "qsgd": lambda a: gradcomp.qsgd(16, bucket_size=16, error_feedback=True, axis_name=a),
+  "ef_signsgd": lambda a: gradcomp.ef_signsgd(axis_name=a),
+  "powersgd": lambda a: gradcomp.powersgd(1, axis_name=a),
+  "threshold": lambda a: gradcomp.threshold_quantize(0.5, axis_name=a),
 }
 
 
@@ -174,8 +173,8 @@ def test_error_feedback_conserves_mass(name):
   g[:steps] = rng.standard_normal((steps, N, 10, 10))
   tx = EF_COMPRESSORS[name](AXIS)
   outputs, state = harness.sharded_steps(tx)(
-      harness.shard({"x": jnp.asarray(g)}, jax.sharding.PartitionSpec(None, AXIS)),
-      harness.worker_state(tx, {"x": jnp.zeros((10, 10))}),
+    harness.shard({"x": jnp.asarray(g)}, jax.sharding.PartitionSpec(None, AXIS)),
+    harness.worker_state(tx, {"x": jnp.zeros((10, 10))}),
   )
   sent = np.asarray(outputs["x"]).sum(axis=0)
   total = g.sum(axis=0).mean(axis=0)
@@ -195,13 +194,13 @@ def sample_outputs(tx, x, draws):
     return state, out["x"]
 
   _, outs = jax.jit(lambda s: jax.lax.scan(body, s, None, length=draws))(
-      tx.init({"x": x})
+    tx.init({"x": x})
   )
   return np.asarray(outs, np.float64)
 
 
 @pytest.mark.parametrize(
-    "factory", [lambda: gradcomp.qsgd(2, bucket_size=16), gradcomp.terngrad]
+  "factory", [lambda: gradcomp.qsgd(2, bucket_size=16), gradcomp.terngrad]
 )
 def test_stochastic_quantizers_are_unbiased(factory):
   x = jnp.asarray(np.random.default_rng(11).standard_normal(64), jnp.float32)
@@ -232,7 +231,9 @@ def test_rounding_is_independent_between_workers(name):
 def test_threshold_quantize_matches_numpy():
   x = np.random.default_rng(13).standard_normal(99).astype(np.float32)
   out = np.asarray(single(gradcomp.threshold_quantize(0.7), {"x": jnp.asarray(x)})["x"])
-  np.testing.assert_array_equal(out, 0.7 * ((x >= 0.7).astype(np.float32) - (x <= -0.7)))
+  np.testing.assert_array_equal(
+    out, 0.7 * ((x >= 0.7).astype(np.float32) - (x <= -0.7))
+  )
 
 
 def test_ef_signsgd_first_step_is_scaled_sign():
@@ -300,9 +301,7 @@ def test_memory_never_stores_non_finite_values():
 def test_workers_agree_to_skip_when_one_worker_has_a_nan():
   grads = harness.random_grads({"x": (40,)}, seed=16)
   params = {"x": jnp.zeros(40)}
-  tx = gradcomp.apply_if_finite(
-      gradcomp.topk(0.1, axis_name=AXIS), 2, axis_name=AXIS
-  )
+  tx = gradcomp.apply_if_finite(gradcomp.topk(0.1, axis_name=AXIS), 2, axis_name=AXIS)
   update = harness.sharded_update(tx)
   state0 = harness.worker_state(tx, params)
   _, state1 = update(harness.shard(grads), state0)
@@ -320,24 +319,24 @@ def test_workers_agree_to_skip_when_one_worker_has_a_nan():
 
 
 @pytest.mark.parametrize(
-    "build, parameter",
-    [
-        (lambda: gradcomp.topk(0.0), "ratio"),
-        (lambda: gradcomp.topk(1.5), "ratio"),
-        (lambda: gradcomp.randomk(-0.1), "ratio"),
-        (lambda: gradcomp.dgc(2.0), "ratio"),
-        (lambda: gradcomp.dgc(0.01, momentum=1.0), "momentum"),
-        (lambda: gradcomp.dgc(0.01, sample_ratio=0.0), "sample_ratio"),
-        (lambda: gradcomp.qsgd(0), "levels"),
-        (lambda: gradcomp.qsgd(200), "levels"),
-        (lambda: gradcomp.qsgd(4, bucket_size=0), "bucket_size"),
-        (lambda: gradcomp.powersgd(0), "rank"),
-        (lambda: gradcomp.threshold_quantize(-0.5), "threshold"),
-        (lambda: gradcomp.threshold_quantize(0.0), "threshold"),
-        (lambda: gradcomp.fp16(dtype=jnp.float32), "dtype"),
-        (lambda: gradcomp.get("nope"), "unknown compressor"),
-        (lambda: gradcomp.apply_if_finite(gradcomp.none(), -1), "max_consecutive_errors"),
-    ],
+  "build, parameter",
+  [
+    (lambda: gradcomp.topk(0.0), "ratio"),
+    (lambda: gradcomp.topk(1.5), "ratio"),
+    (lambda: gradcomp.randomk(-0.1), "ratio"),
+    (lambda: gradcomp.dgc(2.0), "ratio"),
+    (lambda: gradcomp.dgc(0.01, momentum=1.0), "momentum"),
+    (lambda: gradcomp.dgc(0.01, sample_ratio=0.0), "sample_ratio"),
+    (lambda: gradcomp.qsgd(0), "levels"),
+    (lambda: gradcomp.qsgd(200), "levels"),
+    (lambda: gradcomp.qsgd(4, bucket_size=0), "bucket_size"),
+    (lambda: gradcomp.powersgd(0), "rank"),
+    (lambda: gradcomp.threshold_quantize(-0.5), "threshold"),
+    (lambda: gradcomp.threshold_quantize(0.0), "threshold"),
+    (lambda: gradcomp.fp16(dtype=jnp.float32), "dtype"),
+    (lambda: gradcomp.get("nope"), "unknown compressor"),
+    (lambda: gradcomp.apply_if_finite(gradcomp.none(), -1), "max_consecutive_errors"),
+  ],
 )
 def test_invalid_hyper_parameters_raise_naming_the_parameter(build, parameter):
   with pytest.raises(ValueError, match=parameter):

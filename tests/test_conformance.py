@@ -7,31 +7,35 @@ import numpy as np
 import pytest
 
 import gradcomp
+
 import harness
 
 # Hyper-parameters for each registered compressor; small ratios would keep a
 # single coordinate of these tiny leaves, so the sparsifiers keep 30%.
 CONFIGS = {
-    "none": {},
-    "fp16": {},
-    "topk": {"ratio": 0.3},
-    "randomk": {"ratio": 0.3},
-    "dgc": {"ratio": 0.3},
-    "qsgd": {"levels": 4},
-    "terngrad": {},
-    "signsgd": {},
-    "ef_signsgd": {},
-    "powersgd": {"rank": 2},
-    "threshold_quantize": {"threshold": 0.5},
+  "none": {},
+  "fp16": {},
+  "topk": {"ratio": 0.3},
+  "randomk": {"ratio": 0.3},
+  "dgc": {"ratio": 0.3},
+  "qsgd": {"levels": 4},
+  "terngrad": {},
+  "signsgd": {},
+  "ef_signsgd": {},
+  "powersgd": {"rank": 2},
+  "threshold_quantize": {"threshold": 0.5},
 }
 NAMES = sorted(CONFIGS)
 
 # Mixed dtypes, a scalar, a matrix PowerSGD compresses and a 1-D leaf it reshapes.
 PARAMS = {
-    "dense": {"kernel": jnp.zeros((12, 10), jnp.float32), "bias": jnp.zeros((10,), jnp.bfloat16)},
-    "conv": jnp.zeros((3, 3, 4, 8), jnp.float16),
-    "vector": jnp.zeros((50,), jnp.float32),
-    "scale": jnp.zeros((), jnp.float32),
+  "dense": {
+    "kernel": jnp.zeros((12, 10), jnp.float32),
+    "bias": jnp.zeros((10,), jnp.bfloat16),
+  },
+  "conv": jnp.zeros((3, 3, 4, 8), jnp.float16),
+  "vector": jnp.zeros((50,), jnp.float32),
+  "scale": jnp.zeros((), jnp.float32),
 }
 
 
@@ -39,11 +43,11 @@ def grads_like(params, seed=0, scale=1.0):
   keys = jax.random.split(jax.random.key(seed), len(jax.tree.leaves(params)))
   leaves, treedef = jax.tree.flatten(params)
   return jax.tree.unflatten(
-      treedef,
-      [
-          (scale * jax.random.normal(k, p.shape)).astype(p.dtype)
-          for k, p in zip(keys, leaves)
-      ],
+    treedef,
+    [
+      (scale * jax.random.normal(k, p.shape)).astype(p.dtype)
+      for k, p in zip(keys, leaves, strict=True)
+    ],
   )
 
 
@@ -96,17 +100,15 @@ def test_init_on_shape_dtype_structs(name):
 def test_shard_map_identical_on_every_worker(name):
   tx = make(name, harness.AXIS)
   grads = harness.random_grads(
-      {"kernel": (12, 10), "vector": (50,), "scale": ()}, seed=1
+    {"kernel": (12, 10), "vector": (50,), "scale": ()}, seed=1
   )
   params = jax.tree.map(lambda g: g[0], grads)
   updates, state = harness.sharded_update(tx)(
-      harness.shard(grads), harness.worker_state(tx, params)
+    harness.shard(grads), harness.worker_state(tx, params)
   )
   assert_like(updates, grads)
   harness.assert_same_on_workers(updates)
-  chex.assert_trees_all_equal_shapes_and_dtypes(
-      state, harness.worker_state(tx, params)
-  )
+  chex.assert_trees_all_equal_shapes_and_dtypes(state, harness.worker_state(tx, params))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -117,7 +119,7 @@ def test_pmap_matches_shard_map(name):
   state = gradcomp.add_worker_axis(tx.init(params), harness.WORKERS)
   by_pmap, _ = harness.pmapped_update(tx)(grads, state)
   by_shard_map, _ = harness.sharded_update(tx)(
-      harness.shard(grads), harness.worker_state(tx, params)
+    harness.shard(grads), harness.worker_state(tx, params)
   )
   harness.assert_same_on_workers(by_pmap)
   chex.assert_trees_all_close(by_pmap, by_shard_map, rtol=1e-5, atol=1e-6)
@@ -129,7 +131,7 @@ def test_shard_map_without_jit(name):
   grads = harness.random_grads({"vector": (50,)}, seed=3)
   params = jax.tree.map(lambda g: g[0], grads)
   updates, _ = harness.sharded_update(tx, jit=False)(
-      harness.shard(grads), harness.worker_state(tx, params)
+    harness.shard(grads), harness.worker_state(tx, params)
   )
   assert_like(updates, grads)
   harness.assert_same_on_workers(updates)
@@ -140,8 +142,11 @@ def test_output_is_the_mean_for_exact_compressors():
   params = {"vector": jnp.zeros(50)}
   tx = gradcomp.none(axis_name=harness.AXIS)
   updates, _ = harness.sharded_update(tx)(
-      harness.shard(grads), harness.worker_state(tx, params)
+    harness.shard(grads), harness.worker_state(tx, params)
   )
   np.testing.assert_allclose(
-      np.asarray(updates["vector"])[0], np.mean(grads["vector"], axis=0), rtol=1e-6, atol=1e-7
+    np.asarray(updates["vector"])[0],
+    np.mean(grads["vector"], axis=0),
+    rtol=1e-6,
+    atol=1e-7,
   )

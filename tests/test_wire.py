@@ -5,17 +5,18 @@ import jax.numpy as jnp
 import pytest
 
 import gradcomp
-import harness
 from gradcomp._src.wire import collective_bytes
+
+import harness
 
 SIZE = 2**20
 
 # Largest fraction of none()'s bytes each compressor may send (issue 2).
 BUDGETS = {
-    "topk": ({"ratio": 0.01}, 0.025),
-    "signsgd": ({}, 0.035),
-    "qsgd": ({"levels": 4}, 0.3),
-    "fp16": ({}, 0.51),
+  "topk": ({"ratio": 0.01}, 0.025),
+  "signsgd": ({}, 0.035),
+  "qsgd": ({"levels": 4}, 0.3),
+  "fp16": ({}, 0.51),
 }
 
 

@@ -13,7 +13,9 @@ def test_signs_round_trip_in_one_bit(size):
   x = np.random.default_rng(size).standard_normal(size).astype(np.float32)
   packed = bits.pack_signs(jnp.asarray(x))
   assert packed.dtype == jnp.uint8 and packed.shape == (-(-size // 8),)
-  np.testing.assert_array_equal(bits.unpack_signs(packed, size), np.where(x >= 0, 1, -1))
+  np.testing.assert_array_equal(
+    bits.unpack_signs(packed, size), np.where(x >= 0, 1, -1)
+  )
 
 
 @pytest.mark.parametrize("size", [1, 3, 4, 5, 1001])

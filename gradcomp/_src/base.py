@@ -40,8 +40,8 @@ class LeafCodec(NamedTuple):
 
   init: Callable[[Any, jax.Array], LeafState]
   apply: Callable[
-      [jax.Array, LeafState, jax.Array, jax.Array],
-      tuple[jax.Array, jax.Array, LeafState],
+    [jax.Array, LeafState, jax.Array, jax.Array],
+    tuple[jax.Array, jax.Array, LeafState],
   ]
 
 
@@ -64,7 +64,7 @@ class CompressorState(NamedTuple):
 
 
 def leafwise(
-    codec: LeafCodec, *, seed: int = 0, agree_key_over: str | None = None
+  codec: LeafCodec, *, seed: int = 0, agree_key_over: str | None = None
 ) -> optax.GradientTransformation:
   """Applies ``codec`` to every leaf of the update tree.
 
@@ -91,13 +91,12 @@ def leafwise(
     key = jax.random.PRNGKey(seed)
     init_key, key = jax.random.split(key)
     states = [
-        codec.init(leaf, jax.random.fold_in(init_key, i))
-        for i, leaf in enumerate(leaves)
+      codec.init(leaf, jax.random.fold_in(init_key, i)) for i, leaf in enumerate(leaves)
     ]
     return CompressorState(
-        count=jnp.zeros([], jnp.int32),
-        key=key,
-        leaves=jax.tree.unflatten(treedef, states),
+      count=jnp.zeros([], jnp.int32),
+      key=key,
+      leaves=jax.tree.unflatten(treedef, states),
     )
 
   def update_fn(updates, state, params=None):
@@ -108,16 +107,16 @@ def leafwise(
     if agree_key_over is not None:
       step_key = jax.lax.pmax(step_key, agree_key_over)
     outputs, new_states = [], []
-    for i, (g, s) in enumerate(zip(leaves, leaf_states)):
+    for i, (g, s) in enumerate(zip(leaves, leaf_states, strict=True)):
       mean, _, new_s = codec.apply(
-          g.astype(jnp.float32), s, jax.random.fold_in(step_key, i), state.count
+        g.astype(jnp.float32), s, jax.random.fold_in(step_key, i), state.count
       )
       outputs.append(mean.astype(g.dtype))
       new_states.append(new_s)
     new_state = CompressorState(
-        count=optax.safe_increment(state.count),
-        key=key,
-        leaves=jax.tree.unflatten(treedef, new_states),
+      count=optax.safe_increment(state.count),
+      key=key,
+      leaves=jax.tree.unflatten(treedef, new_states),
     )
     return jax.tree.unflatten(treedef, outputs), new_state
 

@@ -26,10 +26,10 @@ def at_least(name: str, value, low: int, high: int | None = None) -> int:
 def positive(name: str, value) -> float:
   """A finite float > 0."""
   if not (
-      isinstance(value, (int, float))
-      and not isinstance(value, bool)
-      and math.isfinite(value)
-      and value > 0
+    isinstance(value, (int, float))
+    and not isinstance(value, bool)
+    and math.isfinite(value)
+    and value > 0
   ):
     raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
   return float(value)

@@ -41,7 +41,7 @@ def none(axis_name: exchange.AxisName = None) -> optax.GradientTransformation:
 
 
 def fp16(
-    axis_name: exchange.AxisName = None, dtype=jnp.float16
+  axis_name: exchange.AxisName = None, dtype=jnp.float16
 ) -> optax.GradientTransformation:
   """Half-precision all-reduce: each worker sends ``g / n`` cast to ``dtype``.
 

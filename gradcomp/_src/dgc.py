@@ -32,7 +32,7 @@ class DGCLeafState(NamedTuple):
 
 
 def sampled_threshold(
-    magnitude: jax.Array, density: float, sample_size: int, key: jax.Array
+  magnitude: jax.Array, density: float, sample_size: int, key: jax.Array
 ) -> jax.Array:
   """The ``(1 - density)`` quantile of ``magnitude``, estimated on a sample."""
   size = magnitude.shape[0]
@@ -45,7 +45,7 @@ def sampled_threshold(
 
 
 def select_above(
-    v: jax.Array, threshold: jax.Array, capacity: int
+  v: jax.Array, threshold: jax.Array, capacity: int
 ) -> tuple[jax.Array, jax.Array]:
   """At most ``capacity`` coordinates with ``|v| >= threshold``, largest first.
 
@@ -59,12 +59,12 @@ def select_above(
 
 
 def dgc_codec(
-    ratio: float,
-    momentum: float,
-    clip_norm: float | None,
-    warmup_steps: int,
-    sample_ratio: float,
-    axis_name: exchange.AxisName,
+  ratio: float,
+  momentum: float,
+  clip_norm: float | None,
+  warmup_steps: int,
+  sample_ratio: float,
+  axis_name: exchange.AxisName,
 ) -> LeafCodec:
   """The DGC memory and sparsifier of one leaf."""
   densities = [d for d in WARMUP_DENSITIES if d > ratio] if warmup_steps else []
@@ -130,14 +130,14 @@ def dgc_codec(
 
 
 def dgc(
-    ratio: float,
-    *,
-    momentum: float = 0.9,
-    axis_name: exchange.AxisName = None,
-    clip_norm: float | None = None,
-    warmup_steps: int = 0,
-    sample_ratio: float = 0.01,
-    seed: int = 0,
+  ratio: float,
+  *,
+  momentum: float = 0.9,
+  axis_name: exchange.AxisName = None,
+  clip_norm: float | None = None,
+  warmup_steps: int = 0,
+  sample_ratio: float = 0.01,
+  seed: int = 0,
 ) -> optax.GradientTransformation:
   """Deep Gradient Compression.
 

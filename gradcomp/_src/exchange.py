@@ -38,14 +38,10 @@ def all_gather(x, axis_name: AxisName):
   """Stacks a pytree of payloads from all workers on a new leading axis."""
   if axis_name is None:
     return jax.tree.map(lambda a: a[None], x)
-  return jax.tree.map(
-      lambda a: jax.lax.all_gather(a, axis_name, to="invarying"), x
-  )
+  return jax.tree.map(lambda a: jax.lax.all_gather(a, axis_name, to="invarying"), x)
 
 
-def sum_over_workers(
-    gathered, decode: Callable[..., jax.Array]
-) -> jax.Array:
+def sum_over_workers(gathered, decode: Callable[..., jax.Array]) -> jax.Array:
   """``sum_w decode(payload_w)`` over a gathered payload tree.
 
   Unrolled adds rather than ``jnp.sum(axis=0)``: on CPU the reduction of a
@@ -66,6 +62,6 @@ def scatter_mean(values, indices, size: int, n: int) -> jax.Array:
   """
   dense = jnp.zeros((size,), jnp.float32)
   dense = dense.at[indices.reshape(-1)].add(
-      values.reshape(-1).astype(jnp.float32), mode="drop"
+    values.reshape(-1).astype(jnp.float32), mode="drop"
   )
   return dense / n

@@ -17,10 +17,10 @@ from gradcomp._src import exchange
 
 
 def apply_if_finite(
-    inner: optax.GradientTransformation,
-    max_consecutive_errors: int,
-    *,
-    axis_name: exchange.AxisName = None,
+  inner: optax.GradientTransformation,
+  max_consecutive_errors: int,
+  *,
+  axis_name: exchange.AxisName = None,
 ) -> optax.GradientTransformation:
   """``optax.apply_if_finite`` whose decision is the same on every worker.
 
@@ -39,16 +39,15 @@ def apply_if_finite(
   """
   if not isinstance(max_consecutive_errors, int) or max_consecutive_errors < 0:
     raise ValueError(
-        "max_consecutive_errors must be an integer >= 0, got "
-        f"{max_consecutive_errors!r}"
+      f"max_consecutive_errors must be an integer >= 0, got {max_consecutive_errors!r}"
     )
 
   def init_fn(params):
     return optax.ApplyIfFiniteState(
-        notfinite_count=jnp.zeros([], jnp.int32),
-        last_finite=jnp.array(True),
-        total_notfinite=jnp.zeros([], jnp.int32),
-        inner_state=inner.init(params),
+      notfinite_count=jnp.zeros([], jnp.int32),
+      last_finite=jnp.array(True),
+      total_notfinite=jnp.zeros([], jnp.int32),
+      inner_state=inner.init(params),
     )
 
   def update_fn(updates, state, params=None):
@@ -65,13 +64,13 @@ def apply_if_finite(
     apply = finite | (notfinite_count > max_consecutive_errors)
     new_updates = jax.tree.map(lambda u: jnp.where(apply, u, 0), new_updates)
     inner_state = jax.tree.map(
-        lambda n, o: jnp.where(apply, n, o), inner_state, state.inner_state
+      lambda n, o: jnp.where(apply, n, o), inner_state, state.inner_state
     )
     return new_updates, optax.ApplyIfFiniteState(
-        notfinite_count=notfinite_count,
-        last_finite=finite,
-        total_notfinite=state.total_notfinite + (~finite).astype(jnp.int32),
-        inner_state=inner_state,
+      notfinite_count=notfinite_count,
+      last_finite=finite,
+      total_notfinite=state.total_notfinite + (~finite).astype(jnp.int32),
+      inner_state=inner_state,
     )
 
   return optax.GradientTransformation(init_fn, update_fn)

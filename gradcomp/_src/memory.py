@@ -37,17 +37,15 @@ def error_feedback(codec: LeafCodec) -> LeafCodec:
 
   def init(leaf, key):
     return ErrorFeedbackState(
-        residual=jnp.zeros(leaf.shape, jnp.float32),
-        inner=codec.init(leaf, key),
+      residual=jnp.zeros(leaf.shape, jnp.float32),
+      inner=codec.init(leaf, key),
     )
 
   def apply(g, state, key, step):
     e = state.residual + g
     mean, remainder, inner = codec.apply(e, state.inner, key, step)
     finite = jnp.all(jnp.isfinite(e))
-    new_state = keep_if_finite(
-        finite, ErrorFeedbackState(remainder, inner), state
-    )
+    new_state = keep_if_finite(finite, ErrorFeedbackState(remainder, inner), state)
     return mean, remainder, new_state
 
   return LeafCodec(init, apply)

@@ -80,7 +80,7 @@ def powersgd_codec(rank: int, axis_name: exchange.AxisName) -> LeafCodec:
 
 
 def powersgd(
-    rank: int = 4, *, seed: int = 0, axis_name: exchange.AxisName = None
+  rank: int = 4, *, seed: int = 0, axis_name: exchange.AxisName = None
 ) -> optax.GradientTransformation:
   """PowerSGD with warm start and error feedback.
 

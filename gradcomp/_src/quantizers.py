@@ -9,7 +9,6 @@ on CPU (PERFORMANCE_NOTES).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import optax
 
@@ -19,12 +18,12 @@ from gradcomp._src.hashing import hash_uniform
 
 
 def qsgd(
-    levels: int = 4,
-    *,
-    bucket_size: int = 512,
-    seed: int = 0,
-    axis_name: exchange.AxisName = None,
-    error_feedback: bool = False,
+  levels: int = 4,
+  *,
+  bucket_size: int = 512,
+  seed: int = 0,
+  axis_name: exchange.AxisName = None,
+  error_feedback: bool = False,
 ) -> optax.GradientTransformation:
   """QSGD: ``s`` levels of ``|x_i| / ||x_B||_2`` per bucket, stochastic rounding.
 
@@ -82,7 +81,7 @@ def qsgd(
 
 
 def terngrad(
-    *, seed: int = 0, axis_name: exchange.AxisName = None
+  *, seed: int = 0, axis_name: exchange.AxisName = None
 ) -> optax.GradientTransformation:
   """TernGrad: ``s * sign(x_i) * b_i`` with ``b_i ~ Bernoulli(|x_i| / s)``, ``s = max|x|``.
 

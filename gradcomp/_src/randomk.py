@@ -34,11 +34,11 @@ def shared_indices(key: jax.Array, size: int, k: int) -> jax.Array:
 
 
 def randomk(
-    ratio: float,
-    *,
-    seed: int = 0,
-    axis_name: exchange.AxisName = None,
-    error_feedback: bool = True,
+  ratio: float,
+  *,
+  seed: int = 0,
+  axis_name: exchange.AxisName = None,
+  error_feedback: bool = True,
 ) -> optax.GradientTransformation:
   """Random-k: all workers send the same k coordinates; values are all-reduced.
 
@@ -72,7 +72,7 @@ def randomk(
 
   codec = LeafCodec(stateless_init, apply)
   return leafwise(
-      memory.maybe_error_feedback(codec, error_feedback),
-      seed=seed,
-      agree_key_over=axis_name,
+    memory.maybe_error_feedback(codec, error_feedback),
+    seed=seed,
+    agree_key_over=axis_name,
   )

@@ -41,13 +41,22 @@ def get(name: str, **kwargs) -> optax.GradientTransformation:
     factory = _REGISTRY[name]
   except KeyError:
     raise ValueError(
-        f"unknown compressor {name!r}; valid names: {', '.join(names())}"
+      f"unknown compressor {name!r}; valid names: {', '.join(names())}"
     ) from None
   return factory(**kwargs)
 
 
 for _factory in (
-    none, fp16, topk, randomk, dgc, qsgd, terngrad, signsgd, ef_signsgd,
-    powersgd, threshold_quantize,
+  none,
+  fp16,
+  topk,
+  randomk,
+  dgc,
+  qsgd,
+  terngrad,
+  signsgd,
+  ef_signsgd,
+  powersgd,
+  threshold_quantize,
 ):
   register(_factory.__name__, _factory)

@@ -37,9 +37,7 @@ def signsgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransformat
     size = x.size
     packed = bits.pack_signs(x)
     gathered = exchange.all_gather((packed,), axis_name)
-    votes = exchange.sum_over_workers(
-        gathered, lambda p: bits.unpack_signs(p, size)
-    )
+    votes = exchange.sum_over_workers(gathered, lambda p: bits.unpack_signs(p, size))
     local = bits.unpack_signs(packed, size).reshape(x.shape)
     return jnp.sign(votes).reshape(x.shape), x - local, state
 

@@ -8,13 +8,12 @@ shares its indices and all-reduces the values instead (``randomk.py``).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from gradcomp._src import exchange
 
 
 def gather_mean(
-    values: jax.Array, indices: jax.Array, size: int, axis_name: exchange.AxisName
+  values: jax.Array, indices: jax.Array, size: int, axis_name: exchange.AxisName
 ) -> jax.Array:
   """Dense flat mean over workers of ``scatter(values, indices)``.
 

@@ -16,7 +16,7 @@ from gradcomp._src.memory import error_feedback
 
 
 def threshold_quantize(
-    threshold: float = 0.5, *, axis_name: exchange.AxisName = None
+  threshold: float = 0.5, *, axis_name: exchange.AxisName = None
 ) -> optax.GradientTransformation:
   """2-bit threshold quantization with error feedback.
 
@@ -46,9 +46,7 @@ def threshold_quantize(
     packed = bits.pack_ternary(ternary)
     n = exchange.num_workers(axis_name)
     gathered = exchange.all_gather((packed,), axis_name)
-    codes = exchange.sum_over_workers(
-        gathered, lambda p: bits.unpack_ternary(p, size)
-    )
+    codes = exchange.sum_over_workers(gathered, lambda p: bits.unpack_ternary(p, size))
     mean = (codes * (t / n)).reshape(x.shape)
     return mean, x - ternary * t, state
 

@@ -14,10 +14,10 @@ from gradcomp._src.selection import top_k_magnitude
 
 
 def topk(
-    ratio: float,
-    *,
-    axis_name: exchange.AxisName = None,
-    error_feedback: bool = True,
+  ratio: float,
+  *,
+  axis_name: exchange.AxisName = None,
+  error_feedback: bool = True,
 ) -> optax.GradientTransformation:
   """Magnitude top-k with error feedback; payloads are all-gathered.
 

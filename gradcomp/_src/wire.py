@@ -15,18 +15,33 @@ import jax
 import numpy as np
 
 COLLECTIVES = (
-    "all-reduce",
-    "all-gather",
-    "reduce-scatter",
-    "collective-permute",
-    "all-to-all",
+  "all-reduce",
+  "all-gather",
+  "reduce-scatter",
+  "collective-permute",
+  "all-to-all",
 )
 
 _DTYPE_BYTES = {
-    "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
-    "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-    "s32": 4, "u32": 4, "f32": 4,
-    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+  "pred": 1,
+  "s4": 1,
+  "u4": 1,
+  "s8": 1,
+  "u8": 1,
+  "f8e4m3fn": 1,
+  "f8e5m2": 1,
+  "s16": 2,
+  "u16": 2,
+  "f16": 2,
+  "bf16": 2,
+  "s32": 4,
+  "u32": 4,
+  "f32": 4,
+  "s64": 8,
+  "u64": 8,
+  "f64": 8,
+  "c64": 8,
+  "c128": 16,
 }
 _ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
 _DEF = re.compile(r"^\s*(?:ROOT\s+)?(%[\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*)$")
@@ -37,7 +52,9 @@ def shape_bytes(text: str) -> int:
   total = 0
   for dtype, dims in _ARRAY.findall(text):
     if dtype in _DTYPE_BYTES:
-      total += _DTYPE_BYTES[dtype] * int(np.prod([int(d) for d in dims.split(",") if d]))
+      total += _DTYPE_BYTES[dtype] * int(
+        np.prod([int(d) for d in dims.split(",") if d])
+      )
   return total
 
 

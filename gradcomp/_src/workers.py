@@ -16,7 +16,7 @@ import jax.numpy as jnp
 def add_worker_axis(tree, num_workers: int = 1):
   """Every leaf repeated ``num_workers`` times along a new leading axis."""
   return jax.tree.map(
-      lambda x: jnp.broadcast_to(x[None], (num_workers, *jnp.shape(x))), tree
+    lambda x: jnp.broadcast_to(x[None], (num_workers, *jnp.shape(x))), tree
   )
 
 

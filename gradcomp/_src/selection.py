@@ -1,0 +1,230 @@
+"""Fast exact magnitude top-k for large flat buffers on CPU.
+
+``jax.lax.top_k`` over a 25.6M-element gradient with ``k = 1%`` costs
+0.5-0.7 s on a 2-core CPU, because XLA's CPU kernel partially sorts ``k``
+elements. :func:`top_k_magnitude` returns an exact top-k over 15x faster
+(~30 ms) with four ideas, each an O(d) fused pass or work on ~k elements:
+
+1. **Keys.** ``|x|`` is compared through its bit pattern: clearing the sign bit
+   of an IEEE float and reading it as a signed integer of the same width gives
+   a key whose integer order is the order of ``|x|``.
+2. **Sampled threshold.** A strided sample (a uniform sample of positions, so
+   it stays representative when layers differ in scale by orders of magnitude)
+   gives a threshold ``t`` expected to let through somewhat more than ``k`` and
+   at most ``capacity`` (~1.2k at k = 1%) elements, with a five-sigma binomial
+   margin either side.
+3. **Bit-packed compaction.** The candidate mask is packed 32 elements per
+   word in one fused pass; a prefix sum over the (32x shorter) popcounts maps
+   each output slot to its word, and a 5-step binary search over popcounts
+   finds the bit within the word. No element-level prefix sum or scatter over
+   the full buffer is needed.
+4. **Exact selection without sorting.** The k-th largest key among the
+   candidates is found by setting its bits from the top (one count per bit),
+   then the keys above it plus the first keys equal to it are compacted.
+
+Why it is exact: if at least ``k`` elements have ``|x| >= t``, every element of
+the true top-k (up to ties at the k-th magnitude) has ``|x| >= t`` and is a
+candidate, so an exact top-k of the candidates is an exact top-k of ``x``.
+That premise and "all candidates fit in ``capacity``" are checked at run time
+by counting; when either fails (an unlucky sample, an adversarial layout, or
+massive ties such as a mostly-zero buffer) a ``lax.cond`` runs ``lax.top_k``
+over the whole buffer instead. The result is always exact; only the time
+changes. (Under ``vmap`` the cond becomes a select that runs both branches.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+# XLA:CPU's lax.top_k costs ~O(d + k log k) with a large k term; the sampled
+# path costs ~0.3 ms + O(d) whatever k. Measured on 2 cores, lax.top_k is
+# faster for tiny arrays, and up to 2^18 elements when k <= d/100.
+_DIRECT_ALWAYS = 1 << 14
+_DIRECT_SMALL_K = 1 << 18
+# Sample size: 2^18 keys cost ~1 ms to select from and estimate the k-th
+# largest population rank to ~2% at k = 1%.
+_SAMPLE_SIZE = 1 << 18
+# Margin, in binomial standard deviations, on both sides of the sampled
+# threshold; the fallback probability on exchangeable data is ~1e-7.
+_SIGMAS = 5.0
+_WORD = 32
+
+
+def top_k_magnitude(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """Returns the k entries of a 1-D array with largest magnitude, exactly.
+
+  The selected set is an exact top-k by ``|x|``: every selected magnitude is
+  ``>=`` every unselected one (ties at the k-th magnitude are broken
+  arbitrarily). The output order is unspecified (it is not sorted). NaNs are
+  not supported.
+
+  Small problems use ``lax.top_k`` directly. Otherwise (see the module
+  docstring) a sampled threshold selects a few more than ``k`` candidates,
+  which are compacted and then selected exactly, with ``lax.top_k`` over the
+  whole buffer as the fallback when the sample misses.
+
+  Args:
+    x: 1-D float array (any float dtype) of length ``d``.
+    k: static number of entries to keep, ``1 <= k <= d``.
+
+  Returns:
+    ``(values, indices)``: ``values`` are the signed ``x[indices]`` (dtype of
+    ``x``), ``indices`` are int32, both of shape ``(k,)``.
+  """
+  if x.ndim != 1:
+    raise ValueError(f"x must be 1-D, got shape {x.shape}")
+  d = x.shape[0]
+  if not 1 <= k <= d:
+    raise ValueError(f"k must be in [1, {d}], got {k}")
+  if k == d:
+    return x, jnp.arange(d, dtype=jnp.int32)
+  if d <= _DIRECT_ALWAYS or (d <= _DIRECT_SMALL_K and 100 * k <= d):
+    return _direct_top_k(x, k)
+  return _sampled_top_k(x, k, _SAMPLE_SIZE)
+
+
+def _direct_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """``lax.top_k`` of ``|x|`` in float32 (16-bit top_k is ~50x slower)."""
+  _, indices = lax.top_k(jnp.abs(x).astype(jnp.float32), k)
+  return x[indices], indices
+
+
+def _magnitude_keys(x: jax.Array) -> jax.Array:
+  """Signed integers whose order is the order of ``|x|`` (sign bit cleared)."""
+  int_dtype = jnp.dtype(f"int{8 * x.dtype.itemsize}")
+  bits = lax.bitcast_convert_type(x, int_dtype)
+  return bits & jnp.array(jnp.iinfo(int_dtype).max, int_dtype)
+
+
+def _plan(d: int, k: int, sample_size: int) -> tuple[int, int, int]:
+  """Static sampling plan: (stride, sample rank r, candidate capacity).
+
+  With ``s`` uniformly placed samples, the number of samples at or above a
+  value held by ``c`` of the ``d`` elements is ~Binomial(s, c/d). Taking the
+  r-th largest sample with ``r = r0 + z*sqrt(r0) + 1`` (``r0 = s*k/d``, the
+  expected hits of the true top-k) makes ``c < k`` a z-sigma event; sizing the
+  capacity at ``(r + z*sqrt(r) + 1) * d/s`` makes overflow one too.
+  """
+  stride = -(-d // sample_size)
+  s = -(-d // stride)
+  r0 = s * k / d
+  r = min(s, math.ceil(r0 + _SIGMAS * math.sqrt(r0) + 1))
+  capacity = min(d, math.ceil((r + _SIGMAS * math.sqrt(r) + 1) * d / s))
+  return stride, r, capacity
+
+
+def _sampled_top_k(x: jax.Array, k: int, sample_size: int):
+  """Sampled-threshold top-k (module docstring); exact via fallback."""
+  d = x.shape[0]
+  stride, r, capacity = _plan(d, k, sample_size)
+  if capacity >= d // 2:
+    # The sample cannot narrow the search enough to pay for itself.
+    return _direct_top_k(x, k)
+  # Keys are recomputed from x by each consumer rather than materialized:
+  # they fuse into the passes for free, a materialized copy costs ~2 passes.
+  threshold = _kth_largest(_magnitude_keys(x[::stride]), r)
+  words, count = _pack(_magnitude_keys(x) >= threshold)
+
+  def from_candidates():
+    cand = _unpack(words, capacity, d)
+    cand_values = x[cand]  # The only random access into the big buffer.
+    # Slots past the count get key -1, below every real key.
+    valid = jnp.arange(capacity) < count
+    cand_keys = jnp.where(valid, _magnitude_keys(cand_values), -1)
+    chosen = _exact_select(cand_keys, k)
+    return cand_values[chosen], cand[chosen]
+
+  ok = (count >= k) & (count <= capacity)
+  return lax.cond(ok, from_candidates, lambda: _direct_top_k(x, k))
+
+
+def _kth_largest(keys: jax.Array, n: int) -> jax.Array:
+  """Largest v with ``#{keys >= v} >= n``, i.e. the n-th largest key.
+
+  Keys are non-negative, and the count is non-increasing in v, so v is built
+  greedily from the most significant bit down: one count per bit, independent
+  of n (``lax.top_k`` costs grow with n).
+  """
+  nbits = 8 * keys.dtype.itemsize - 1
+  one = jnp.array(1, keys.dtype)
+
+  def body(i, v):
+    trial = v | (one << (nbits - 1 - i).astype(keys.dtype))
+    return jnp.where(_count(keys >= trial) >= n, trial, v)
+
+  # zeros_like keeps the keys' shard_map varying-axes type for the carry.
+  return lax.fori_loop(0, nbits, body, jnp.zeros_like(keys, shape=()))
+
+
+def _count(mask: jax.Array) -> jax.Array:
+  """``sum(mask)``; a float32 sum (exact below 2**24) vectorizes better."""
+  if mask.shape[0] < 1 << 24:
+    return jnp.sum(mask, dtype=jnp.float32)
+  return jnp.sum(mask, dtype=jnp.int32)
+
+
+def _exact_select(keys: jax.Array, k: int) -> jax.Array:
+  """Positions of an exact top-k of non-negative keys (-1 marks padding).
+
+  All keys above the k-th largest key ``kth`` are taken (there are
+  ``above < k``), then the first ``k - above`` keys equal to ``kth`` (there
+  are at least that many, by definition of ``kth``).
+  """
+  kth = _kth_largest(keys, k)
+  above_words, above = _pack(keys > kth)
+  tied_words, _ = _pack(keys == kth)
+  slot = jnp.arange(k, dtype=jnp.int32)
+  above_pos = _unpack(above_words, k, keys.shape[0])
+  tied_pos = _unpack(tied_words, k, keys.shape[0])
+  return jnp.where(slot < above, above_pos, tied_pos[jnp.maximum(slot - above, 0)])
+
+
+def _pack(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Packs a boolean mask 32 per uint32 word; returns (words, popcount total).
+
+  Bit j of word w is ``mask[32 * w + j]``. Reducing along a short minor axis
+  keeps the pass fused with the mask computation and multi-threaded.
+  """
+  n = mask.shape[0]
+  body = n - n % _WORD
+  shifts = jnp.arange(_WORD, dtype=jnp.uint32)
+  rows = mask[:body].reshape(-1, _WORD).astype(jnp.uint32)
+  words = jnp.sum(rows << shifts, axis=1, dtype=jnp.uint32)
+  if body < n:  # Ragged tail: one more word, without padding the whole mask.
+    tail = mask[body:].astype(jnp.uint32) << shifts[: n - body]
+    words = jnp.concatenate([words, jnp.sum(tail, dtype=jnp.uint32)[None]])
+  return words, jnp.sum(lax.population_count(words), dtype=jnp.int32)
+
+
+def _unpack(words: jax.Array, size: int, length: int) -> jax.Array:
+  """Positions of the first ``size`` set bits of ``words``, increasing.
+
+  Slots past the number of set bits hold arbitrary positions in
+  ``[0, length)``.
+  """
+  popcounts = lax.population_count(words).astype(jnp.int32)
+  # associative_scan: XLA:CPU's cumsum/cummax (reduce_window) is ~3x slower.
+  starts = lax.associative_scan(jnp.add, popcounts) - popcounts
+  # Each slot belongs to the last word starting at or before it. Scatter-max
+  # the word index at its start (the non-empty word is the last of those
+  # sharing a start) and fill the other slots with a running max.
+  word_ids = jnp.arange(words.shape[0], dtype=jnp.int32)
+  owner = jnp.zeros(size, jnp.int32).at[starts].max(word_ids, mode="drop")
+  owner = lax.associative_scan(jnp.maximum, owner)
+  word = words[owner]
+  rank = jnp.arange(size, dtype=jnp.int32) - starts[owner]  # Bit to find.
+  # Binary search for the rank-th set bit: skip the low half when it holds
+  # too few set bits.
+  bit = jnp.zeros(size, jnp.int32)
+  for width in (16, 8, 4, 2, 1):
+    low = lax.population_count(word & jnp.uint32((1 << width) - 1))
+    low = low.astype(jnp.int32)
+    skip = rank >= low
+    rank = jnp.where(skip, rank - low, rank)
+    word = jnp.where(skip, word >> width, word)
+    bit = jnp.where(skip, bit + width, bit)
+  return jnp.minimum(owner * _WORD + bit, length - 1)

@@ -1,0 +1,384 @@
+"""Compress + decompress time of each compressor on one model's gradient.
+
+For every row of :data:`COMPRESSORS` the suite builds ``tx = gradcomp.get(name,
+**kwargs)`` on a single worker (``axis_name=None``, so the exchange is the identity
+and ``update`` is compress + decompress) and times ``jax.jit(tx.update,
+donate_argnums=(1,))(grads, state)`` in two layouts:
+
+* **layer-wise**: the gradient tree as is (161 leaves for ResNet-50);
+* **fused**: one pre-flattened 1-D buffer of all values (a tree with one leaf),
+  the extreme of LayerFusion's ``plan="single"``; the concatenation is done once,
+  outside the timed call.
+
+The state is donated and the returned state fed back into the next call, so state
+buffers are reused as in a training step; the gradients are not donated (they are
+reused by every call). So every call writes its output into freshly allocated memory; on
+CPU a fresh 100 MB buffer costs tens of ms of first-touch page faults
+(``PERFORMANCE_NOTES.md``), which dominates the fused time of the cheap
+compressors (none, fp16, signSGD) while the layer-wise outputs (at most 9 MB each)
+are recycled by the allocator. Times are medians of ``repeats`` calls after a first
+(compiling) call and one warm-up call; the first call's time is recorded as
+``compile_ms``.
+
+Each time is set against a **memory-bandwidth floor**: the bytes an ideal
+single-pass implementation must read and write (:class:`Floor`) divided by the copy
+bandwidth measured in the same run (:func:`gradcomp.bench.timing.copy_bandwidth_gbps`).
+This reproduces the measurement of paper 000 §3.1, Table 1 (ResNet-50 gradient on
+a V100), whose numbers are shown beside ours.
+
+Run: ``python -m gradcomp.bench compress [--model resnet50] [--only topk,dgc]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import math
+import os
+import platform
+import sys
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradcomp._src import shapes as shapes_lib
+from gradcomp.bench import timing
+
+_F32 = 4  # bytes per float32 element
+_I32 = 4  # bytes per int32 index
+
+
+@dataclasses.dataclass(frozen=True)
+class Floor:
+  """Minimum memory traffic of one compress + decompress call on ``d`` float32 values.
+
+  The model is an ideal **single pass**: every input and state byte is read once,
+  every output, state and payload byte written once (the payload is what would
+  cross the wire, so it must be materialised; reading it back for decompression is
+  assumed fused with its write). ``k = ratio * d`` selected coordinates for
+  sparsifiers. It is a lower bound: compressors that need a global reduction
+  before their element-wise work (top-k's threshold, QSGD / TernGrad norms,
+  EF-signSGD's scale, PowerSGD's two dependent matmuls) need at least two passes
+  over data larger than cache, so a ratio of 2-3 to this floor is already good.
+
+  Attributes:
+    read: bytes read per element (gradient 4, plus 4 per float32 state buffer).
+    write: bytes written per element (output 4, state 4 each, dense payload).
+    write_per_k: payload bytes per selected coordinate (sparsifiers).
+    formula: the same, as text, for the table and the JSON.
+  """
+
+  read: float
+  write: float
+  write_per_k: float = 0.0
+  formula: str = ""
+
+  def bytes(self, d: int, ratio: float | None = None) -> float:
+    k = 0 if ratio is None else math.ceil(ratio * d)
+    return d * (self.read + self.write) + k * self.write_per_k
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressorConfig:
+  """One row of the compressor benchmarks.
+
+  Attributes:
+    label: row name, unique (``"bf16"`` for ``fp16`` with ``dtype=jnp.bfloat16``).
+    name: registered name, as passed to ``gradcomp.get``.
+    kwargs: keyword arguments of the factory.
+    floor: its memory-traffic floor.
+    paper_ms: paper 000 Table 1 (compress + decompress of the ResNet-50 gradient on
+      a V100), where the paper gives one.
+  """
+
+  label: str
+  name: str
+  kwargs: Mapping[str, Any]
+  floor: Floor
+  paper_ms: float | None = None
+
+  def ratio(self) -> float | None:
+    return self.kwargs.get("ratio")
+
+  def kwargs_json(self) -> dict[str, Any]:
+    return {
+      k: (jnp.dtype(v).name if isinstance(v, type) or hasattr(v, "dtype") else v)
+      for k, v in self.kwargs.items()
+    }
+
+
+# Single-pass floors (bytes per element unless ``*k``); "EF" = error-feedback
+# residual, read 4 and written 4. Defaults follow DESIGN.md §1: top-k and
+# random-k use error feedback, QSGD does not; DGC keeps momentum and residual.
+_NONE = Floor(0, 0, formula="0 (identity on one worker)")
+_FP16 = Floor(_F32, 2 + _F32, formula="read 4d; write 2d payload + 4d out")
+_TOPK = Floor(
+  2 * _F32, 2 * _F32, _F32 + _I32, "read 4d g + 4d EF; write 4d EF + 4d out + 8k"
+)
+# Random-k: indices come from a shared seed, only the k values are sent.
+_RANDK = Floor(2 * _F32, 2 * _F32, _F32, "read 4d g + 4d EF; write 4d EF + 4d out + 4k")
+_DGC = Floor(
+  3 * _F32,
+  3 * _F32,
+  _F32 + _I32,
+  "read 4d g + 4d momentum + 4d residual; write those 8d + 4d out + 8k",
+)
+
+
+def _bits_floor(bits: float, ef: bool, what: str) -> Floor:
+  state = _F32 if ef else 0
+  return Floor(
+    _F32 + state,
+    _F32 + state + bits / 8,
+    formula=f"read 4d g{' + 4d EF' if ef else ''}; write "
+    f"{'4d EF + ' if ef else ''}4d out + {bits:g}/8 d ({what})",
+  )
+
+
+def _qsgd_bits(levels: int) -> int:
+  """Bits of one QSGD code: sign and level in ``{-s..s}``, ``ceil(log2(2s + 1))``."""
+  return math.ceil(math.log2(2 * levels + 1))
+
+
+COMPRESSORS: list[CompressorConfig] = [
+  CompressorConfig("none", "none", {}, _NONE),
+  CompressorConfig("fp16", "fp16", {}, _FP16),
+  CompressorConfig("bf16", "fp16", {"dtype": jnp.bfloat16}, _FP16),
+  CompressorConfig("topk", "topk", {"ratio": 0.01}, _TOPK, paper_ms=122),
+  CompressorConfig("randomk", "randomk", {"ratio": 0.01}, _RANDK, paper_ms=187),
+  CompressorConfig("dgc", "dgc", {"ratio": 0.01}, _DGC, paper_ms=242),
+  # Paper 000 Table 1 row is "QSGD - 2 bit"; ours uses 4 levels (4-bit codes).
+  CompressorConfig(
+    "qsgd",
+    "qsgd",
+    {"levels": 4},
+    _bits_floor(_qsgd_bits(4), False, "codes"),
+    paper_ms=46,
+  ),
+  CompressorConfig(
+    "terngrad", "terngrad", {}, _bits_floor(2, False, "ternary codes"), paper_ms=70
+  ),
+  CompressorConfig(
+    "signsgd", "signsgd", {}, _bits_floor(1, False, "sign bits"), paper_ms=13
+  ),
+  CompressorConfig("ef_signsgd", "ef_signsgd", {}, _bits_floor(1, True, "sign bits")),
+  # PowerSGD: P and Q factors are O(r (n + m)) and left out of the floor.
+  CompressorConfig(
+    "powersgd",
+    "powersgd",
+    {"rank": 4},
+    Floor(2 * _F32, 2 * _F32, formula="read 4d g + 4d EF; write 4d EF + 4d out"),
+    paper_ms=174,
+  ),
+  CompressorConfig(
+    "threshold_quantize",
+    "threshold_quantize",
+    {"threshold": 0.5},
+    _bits_floor(2, True, "2-bit codes"),
+  ),
+]
+"""The rows of the compressor suites; later suites (sketch_topk, layerfusion) append."""
+
+
+def select(only: str | Sequence[str] | None) -> list[CompressorConfig]:
+  """The configs whose labels are listed in ``only`` (comma-separated), in order."""
+  if not only:
+    return list(COMPRESSORS)
+  labels = only.split(",") if isinstance(only, str) else list(only)
+  labels = [x.strip() for x in labels if x.strip()]
+  known = {c.label for c in COMPRESSORS}
+  unknown = [x for x in labels if x not in known]
+  if unknown:
+    raise ValueError(f"unknown compressor label(s) {unknown}; known: {sorted(known)}")
+  return [c for c in COMPRESSORS if c.label in labels]
+
+
+def machine_info() -> dict[str, Any]:
+  dev = jax.devices()[0]
+  return {
+    "backend": jax.default_backend(),
+    "device_kind": dev.device_kind,
+    "device_count": jax.device_count(),
+    "cpu_count": os.cpu_count(),
+    "jax_version": jax.__version__,
+    "numpy_version": np.__version__,
+    "python": platform.python_version(),
+    "platform": platform.platform(),
+    "processor": platform.processor(),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "prng_impl": str(jax.config.jax_default_prng_impl),
+    # 1/5/15-minute load: other processes on a shared 2-core box inflate times.
+    "loadavg": list(os.getloadavg()),
+  }
+
+
+def _copy_tree(tree):
+  # Fresh buffers, so that donating the state can never invalidate arrays that
+  # ``init`` may have aliased (e.g. the gradients themselves).
+  return jax.tree.map(
+    lambda x: jnp.array(x, copy=True) if isinstance(x, jax.Array) else x, tree
+  )
+
+
+def _build(cfg: CompressorConfig):
+  import gradcomp  # noqa: PLC0415  (imported late: the library may still be growing)
+
+  get = getattr(gradcomp, "get", None)
+  if get is None:
+    raise AttributeError("gradcomp.get does not exist (yet)")
+  return get(cfg.name, **cfg.kwargs)
+
+
+def time_layout(cfg: CompressorConfig, grads, *, repeats: int, warmup: int = 1):
+  """Times one compressor on one gradient tree; returns a JSON-ready dict."""
+  tx = _build(cfg)
+  state = _copy_tree(tx.init(grads))
+  state_bytes = sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, "nbytes"))
+  update = jax.jit(tx.update, donate_argnums=(1,))
+  box = [state]
+
+  def step():
+    out, box[0] = update(grads, box[0], None)
+    return out, box[0]
+
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    t = timing.time_calls(step, repeats=repeats, warmup=warmup)
+  out = step()[0]
+  finite = bool(all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out)))
+  return {
+    "median_ms": t.median_ms,
+    "min_ms": t.min_ms,
+    "times_ms": list(t.times_ms),
+    "compile_ms": t.first_ms,
+    "state_bytes": int(state_bytes),
+    "finite": finite,
+  }
+
+
+def run(
+  model: str = "resnet50",
+  repeats: int = 7,
+  only: str | Sequence[str] | None = None,
+  out_dir: str = "bench_out",
+  warmup: int = 1,
+  log=sys.stderr,
+) -> dict[str, Any]:
+  """Runs the suite, prints the markdown table, writes ``<out_dir>/compress.json``."""
+  configs = select(only)
+  shape_list = shapes_lib.MODELS[model]()
+  d = shapes_lib.total_size(shape_list)
+  t_start = time.perf_counter()
+  layer = shapes_lib.make_tree(shape_list)
+  fused = {"fused": jnp.concatenate([x.ravel() for x in layer.values()])}
+  gbps = timing.copy_bandwidth_gbps()  # ~100 MiB: DRAM, not cache, for every model
+  info = machine_info()
+  print(
+    f"# compress: {model}, {len(shape_list)} tensors, d={d:,} "
+    f"({d * _F32 / 1e6:.1f} MB fp32); copy bandwidth {gbps:.1f} GB/s; "
+    f"{info['backend']} / {info['device_kind']}, {info['cpu_count']} CPUs",
+    file=log,
+    flush=True,
+  )
+  rows = []
+  for cfg in configs:
+    floor_bytes = cfg.floor.bytes(d, cfg.ratio())
+    row = {
+      "label": cfg.label,
+      "name": cfg.name,
+      "kwargs": cfg.kwargs_json(),
+      "floor_formula": cfg.floor.formula,
+      "floor_bytes": floor_bytes,
+      "floor_ms": floor_bytes / (gbps * 1e9) * 1e3,
+      # Paper 000 Table 1 measured ResNet-50 only.
+      "paper_v100_ms": cfg.paper_ms if model == "resnet50" else None,
+    }
+    for layout, tree in (("layerwise", layer), ("fused", fused)):
+      try:
+        res = time_layout(cfg, tree, repeats=repeats, warmup=warmup)
+      except Exception as e:  # noqa: BLE001  (report, keep going)
+        res = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+      if "median_ms" in res and row["floor_ms"] > 0:
+        res["ratio_to_floor"] = res["median_ms"] / row["floor_ms"]
+      row[layout] = res
+      msg = (
+        f"{res['median_ms']:9.2f} ms (first call {res['compile_ms'] / 1e3:.1f} s)"
+        if "median_ms" in res
+        else f"FAILED {res['error']}"
+      )
+      print(f"  {cfg.label:>18} {layout:>9}: {msg}", file=log, flush=True)
+      gc.collect()
+    rows.append(row)
+  result = {
+    "suite": "compress",
+    "model": model,
+    "num_tensors": len(shape_list),
+    "num_params": d,
+    "repeats": repeats,
+    "warmup": warmup,
+    "copy_bandwidth_gbps": gbps,
+    "machine": info,
+    "wall_s": time.perf_counter() - t_start,
+    "loadavg_end": list(os.getloadavg()),
+    "rows": rows,
+  }
+  print(format_table(result))
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, "compress.json")
+  with open(path, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"\nwrote {path} ({result['wall_s']:.0f} s)")
+  return result
+
+
+def _ms(x: float | None) -> str:
+  return "" if x is None else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+  """Markdown table of a :func:`run` result."""
+  m = result["machine"]
+  lines = [
+    f"compress + decompress, {result['model']} gradient "
+    f"({result['num_tensors']} tensors, {result['num_params']:,} fp32), one worker; "
+    f"medians of {result['repeats']} calls",
+    f"backend {m['backend']} ({m['device_kind']}), {m['cpu_count']} CPUs, "
+    f"jax {m['jax_version']}; copy bandwidth {result['copy_bandwidth_gbps']:.1f} GB/s",
+    "",
+    "| compressor | layer-wise ms | fused ms | floor ms | layer-wise/floor "
+    "| fused/floor | paper (V100) ms | first call s (lw / fused) |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+  ]
+  for row in result["rows"]:
+    cells, ratios, firsts = [], [], []
+    for layout in ("layerwise", "fused"):
+      res = row[layout]
+      if "median_ms" in res:
+        cells.append(_ms(res["median_ms"]))
+        r = res.get("ratio_to_floor")
+        ratios.append("n/a" if r is None else f"{r:.1f}x")
+        firsts.append(f"{res['compile_ms'] / 1e3:.1f}")
+      else:
+        cells.append("error")
+        ratios.append("")
+        firsts.append("")
+    lines.append(
+      f"| {row['label']} | {cells[0]} | {cells[1]} | {_ms(row['floor_ms'])} "
+      f"| {ratios[0]} | {ratios[1]} | {_ms(row['paper_v100_ms'])} "
+      f"| {firsts[0]} / {firsts[1]} |"
+    )
+  errors = [
+    (row["label"], layout, row[layout]["error"])
+    for row in result["rows"]
+    for layout in ("layerwise", "fused")
+    if "error" in row[layout]
+  ]
+  if errors:
+    lines += ["", "errors:"] + [f"- {lbl} ({lay}): {err}" for lbl, lay, err in errors]
+  return "\n".join(lines)

@@ -1,0 +1,191 @@
+"""Tests for gradcomp._src.selection against NumPy."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradcomp._src import selection
+
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+# A small sample makes medium arrays (2^16..2^18) take the sampled path.
+SMALL_SAMPLE = 1 << 12
+
+_top_k = jax.jit(selection.top_k_magnitude, static_argnums=1)
+_sampled = jax.jit(selection._sampled_top_k, static_argnums=(1, 2))
+
+
+def _check(x, k, values, indices):
+  """Asserts (values, indices) is an exact magnitude top-k of x."""
+  assert values.dtype == x.dtype
+  x = np.asarray(x.astype(jnp.float32))
+  values = np.asarray(values.astype(jnp.float32))
+  indices = np.asarray(indices)
+  assert indices.shape == (k,) and values.shape == (k,)
+  assert indices.dtype == np.int32
+  assert np.all((indices >= 0) & (indices < x.shape[0]))
+  assert np.unique(indices).shape[0] == k, "duplicate indices"
+  np.testing.assert_array_equal(values, x[indices])
+  mag = np.abs(x)
+  want = np.sort(mag[np.argpartition(-mag, k - 1)[:k]])
+  np.testing.assert_array_equal(np.sort(mag[indices]), want)
+
+
+def _layered(rng, d, segments=161):
+  """Concatenated 'layers' whose scales span 1e-4..1e1, like real gradients."""
+  cuts = np.sort(rng.choice(np.arange(1, d), segments - 1, replace=False))
+  sizes = np.diff(np.concatenate([[0], cuts, [d]]))
+  scales = 10.0 ** rng.uniform(-4, 1, segments)
+  return rng.standard_normal(d) * np.repeat(scales, sizes)
+
+
+def _fallback_taken(x, k, sample_size):
+  """Whether the sampled path must fall back, recomputed in NumPy."""
+  d = x.shape[0]
+  stride, r, capacity = selection._plan(d, k, sample_size)
+  mag = np.abs(np.asarray(x.astype(jnp.float32)))
+  threshold = np.sort(mag[::stride])[-r]
+  count = np.sum(mag >= threshold)
+  return not k <= count <= capacity
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [1, 2, 7, 1000, 4099])
+def test_small(d, dtype):
+  rng = np.random.default_rng(d)
+  x = jnp.asarray(rng.standard_normal(d), dtype)
+  for k in sorted({1, max(1, d // 3), max(1, d - 1), d}):
+    _check(x, k, *_top_k(x, k))
+
+
+# Each (d, k, dtype) is a compilation (~1-2 s), so the grid is kept sparse.
+@pytest.mark.parametrize(
+  "d,dtype,ks",
+  [
+    (1 << 16, jnp.float32, (1, 655, 6553, 1 << 16)),
+    ((1 << 18) + 13, jnp.float32, (2621,)),
+    (1 << 16, jnp.bfloat16, (1, 655)),
+    (1 << 16, jnp.float16, (655,)),
+  ],
+)
+@pytest.mark.parametrize("kind", ["gauss", "layered"])
+def test_sampled_path(d, dtype, ks, kind):
+  rng = np.random.default_rng(d)
+  xn = rng.standard_normal(d) if kind == "gauss" else _layered(rng, d)
+  x = jnp.asarray(xn, dtype)
+  for k in ks:
+    _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
+
+
+@pytest.mark.parametrize(
+  "d,k", [(1 << 15, 3000), (1 << 17, 1310), ((1 << 18) + 13, 5000), (1 << 19, 100_000)]
+)
+def test_public_medium(d, k):
+  # Both sides of the lax.top_k cutoffs.
+  x = jnp.asarray(_layered(np.random.default_rng(0), d), jnp.float32)
+  _check(x, k, *_top_k(x, k))
+
+
+def test_k_equals_d_returns_everything():
+  x = jnp.arange(5.0) - 2.0
+  values, indices = _top_k(x, 5)
+  np.testing.assert_array_equal(indices, np.arange(5))
+  np.testing.assert_array_equal(values, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_equal_values(dtype):
+  # Every element ties with the k-th: any k distinct indices are correct.
+  d = 1 << 16
+  x = -jnp.ones(d, dtype)
+  for k in [1, 655]:
+    _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
+
+
+@pytest.mark.parametrize(
+  "dtype,ks",
+  [(jnp.float32, (1, 655, 21847)), (jnp.bfloat16, (655,)), (jnp.float16, (655,))],
+)
+def test_few_distinct_values(dtype, ks):
+  # Heavy ties exactly at the k-th magnitude, in and out of the sample.
+  d = (1 << 16) + 5
+  x = jnp.asarray(np.random.default_rng(1).integers(-3, 4, d), dtype)
+  for k in ks:
+    _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
+
+
+@pytest.mark.parametrize("nonzero_fraction", [0.1, 0.005, 0.0])
+def test_many_zeros(nonzero_fraction):
+  d = 1 << 16
+  rng = np.random.default_rng(2)
+  xn = rng.standard_normal(d) * (rng.random(d) < nonzero_fraction)
+  x = jnp.asarray(xn, jnp.float32)
+  for k in [1, 655, 6553]:
+    _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
+
+
+def test_fallback_when_sample_underestimates():
+  # Large values only at positions the strided sample skips: the sampled
+  # threshold is far too low and the candidates overflow their capacity.
+  d, k = 1 << 16, 600
+  stride, _, _ = selection._plan(d, k, SMALL_SAMPLE)
+  rng = np.random.default_rng(3)
+  xn = rng.standard_normal(d) * 1e-3
+  off_sample = np.arange(d) % stride != 0
+  xn[off_sample] *= 1e6
+  x = jnp.asarray(xn, jnp.float32)
+  assert _fallback_taken(x, k, SMALL_SAMPLE)
+  _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
+
+
+def test_fallback_when_sample_overestimates():
+  # Large values only at sampled positions, fewer than k of them: the
+  # threshold admits fewer than k candidates.
+  d, k = 1 << 16, 3000
+  stride, _, _ = selection._plan(d, k, SMALL_SAMPLE)
+  rng = np.random.default_rng(4)
+  xn = rng.standard_normal(d)
+  xn[::stride] *= 1e3
+  x = jnp.asarray(xn, jnp.float32)
+  assert _fallback_taken(x, k, SMALL_SAMPLE)
+  _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
+
+
+def test_fast_path_taken_on_layered_buffer():
+  # The layered buffer must not rely on the fallback for correctness.
+  d, k = 1 << 18, 2621
+  x = jnp.asarray(_layered(np.random.default_rng(5), d), jnp.float32)
+  assert not _fallback_taken(x, k, SMALL_SAMPLE)
+  _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
+
+
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 1000, 4097])
+def test_pack_unpack_matches_flatnonzero(n):
+  rng = np.random.default_rng(n)
+  mask = rng.random(n) < 0.3
+  words, count = jax.jit(selection._pack)(jnp.asarray(mask))
+  want = np.flatnonzero(mask)
+  assert int(count) == want.shape[0]
+  size = max(1, want.shape[0])
+  got = jax.jit(selection._unpack, static_argnums=(1, 2))(words, size, n)
+  np.testing.assert_array_equal(np.asarray(got)[: want.shape[0]], want)
+  assert np.all((np.asarray(got) >= 0) & (np.asarray(got) < n))
+
+
+@pytest.mark.parametrize(
+  "d,k", [(10**6, 1), (10**6, 10**4), (25_557_032, 255_570), (300_000, 150_000)]
+)
+def test_plan_margins(d, k):
+  stride, r, capacity = selection._plan(d, k, selection._SAMPLE_SIZE)
+  s = -(-d // stride)
+  assert 1 <= r <= s and k <= capacity <= d
+  assert r >= s * k / d  # The sampled threshold aims above k candidates.
+
+
+def test_rejects_bad_k():
+  with pytest.raises(ValueError):
+    selection.top_k_magnitude(jnp.ones(4), 0)
+  with pytest.raises(ValueError):
+    selection.top_k_magnitude(jnp.ones(4), 5)
