@@ -15,6 +15,7 @@ run: $(STAMP)
 	$(PY) -m gradcomp.demo
 
 test: $(STAMP)
+	$(PY) -m ruff format --check gradcomp tests
 	$(PY) -m ruff check gradcomp tests
 	$(PY) -m pytest -q tests
 
