@@ -189,3 +189,32 @@ def test_rejects_bad_k():
     selection.top_k_magnitude(jnp.ones(4), 0)
   with pytest.raises(ValueError):
     selection.top_k_magnitude(jnp.ones(4), 5)
+
+
+def test_threshold_top_k_selects_at_most_k_above_a_sampled_threshold():
+  from gradcomp._src.selection import threshold_top_k
+
+  x = np.random.default_rng(0).standard_normal(50_000).astype(np.float32)
+  values, indices = threshold_top_k(jnp.asarray(x), 500, 5_000)
+  values, indices = np.asarray(values), np.asarray(indices)
+  used = indices < x.size
+  # Close to k entries, all distinct, values read from x, largest first taken.
+  assert 400 <= used.sum() <= 500
+  assert np.unique(indices[used]).size == used.sum()
+  np.testing.assert_array_equal(values[used], x[indices[used]])
+  np.testing.assert_array_equal(values[~used], 0)
+  assert np.abs(values[used]).min() >= np.sort(np.abs(x))[-700]
+
+
+def test_threshold_top_k_pads_when_few_pass():
+  from gradcomp._src.selection import threshold_top_k
+
+  x = np.zeros(10_000, np.float32)
+  x[[5, 7000]] = [3.0, -2.0]
+  values, indices = threshold_top_k(jnp.asarray(x), 100, 100)
+  used = np.asarray(indices) < x.size
+  # The sampled threshold is 0 here, so zeros pass too; every used slot is distinct.
+  assert np.unique(np.asarray(indices)[used]).size == used.sum()
+  sent = np.zeros_like(x)
+  np.add.at(sent, np.asarray(indices)[used], np.asarray(values)[used])
+  assert np.all((sent == 0) | (sent == x))

@@ -4,8 +4,8 @@ Paper 000 Table 1 (DGC 1%) and ref. [30]; paper 004 §4 (momentum correction and
 momentum factor masking). DGC is top-k-like sparsification with its own memory:
 momentum is accumulated *before* sparsification (momentum correction), the
 accumulated velocity is what is sent, and both buffers are cleared where a
-coordinate was sent (factor masking). The threshold is estimated from a random
-sample instead of an exact top-k of the whole tensor.
+coordinate was sent (factor masking). The threshold is estimated from a sample
+instead of an exact top-k of the whole tensor.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import optax
 from gradcomp._src import checks, exchange, sparse
 from gradcomp._src.base import LeafCodec, leafwise
 from gradcomp._src.memory import keep_if_finite
-from gradcomp._src.selection import top_k_magnitude
+from gradcomp._src.selection import threshold_top_k
+
+MIN_SAMPLE = 1024
 
 # DGC's exponential warm-up of the density: 25%, 6.25%, 1.5625%, 0.4% (§3.3).
 WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004)
@@ -29,33 +31,6 @@ WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004)
 class DGCLeafState(NamedTuple):
   momentum: jax.Array  # leaf shape, float32: u, momentum-corrected gradient.
   velocity: jax.Array  # leaf shape, float32: v, accumulated and not yet sent.
-
-
-def sampled_threshold(
-  magnitude: jax.Array, density: float, sample_size: int, key: jax.Array
-) -> jax.Array:
-  """The ``(1 - density)`` quantile of ``magnitude``, estimated on a sample."""
-  size = magnitude.shape[0]
-  if sample_size >= size:
-    sample = magnitude
-  else:
-    sample = magnitude[jax.random.randint(key, (sample_size,), 0, size)]
-  top = max(1, math.ceil(density * sample.shape[0]))
-  return jax.lax.top_k(sample, top)[0][-1]
-
-
-def select_above(
-  v: jax.Array, threshold: jax.Array, capacity: int
-) -> tuple[jax.Array, jax.Array]:
-  """At most ``capacity`` coordinates with ``|v| >= threshold``, largest first.
-
-  Empty slots carry index ``v.size`` (dropped by scatters) and value 0.
-  """
-  magnitude = jnp.abs(v)
-  candidates = jnp.where(magnitude >= threshold, v, 0.0)
-  values, indices = top_k_magnitude(candidates, capacity)
-  valid = jnp.abs(values) >= threshold
-  return jnp.where(valid, values, 0.0), jnp.where(valid, indices, v.size)
 
 
 def dgc_codec(
@@ -86,13 +61,13 @@ def dgc_codec(
       g = g * jnp.minimum(1.0, clip_norm / math.sqrt(n) / (jnp.linalg.norm(g) + 1e-12))
     u = momentum * state.momentum.reshape(-1) + g
     v = state.velocity.reshape(-1) + u
-    sample_size = max(1, math.ceil(sample_ratio * size))
-    sample_key = exchange.worker_key(key, axis_name)
+    # At least MIN_SAMPLE positions (or all): a tiny sample's quantile is noise.
+    sample_size = max(MIN_SAMPLE, math.ceil(sample_ratio * size))
 
     def exchange_at(density):
       def run(v):
-        threshold = sampled_threshold(jnp.abs(v), density, sample_size, sample_key)
-        values, indices = select_above(v, threshold, checks.keep_count(density, size))
+        k = checks.keep_count(density, size)
+        values, indices = threshold_top_k(v, k, sample_size)
         return sparse.gather_mean(values, indices, size, axis_name), indices
 
       return run
@@ -137,7 +112,6 @@ def dgc(
   clip_norm: float | None = None,
   warmup_steps: int = 0,
   sample_ratio: float = 0.01,
-  seed: int = 0,
 ) -> optax.GradientTransformation:
   """Deep Gradient Compression.
 
@@ -146,8 +120,8 @@ def dgc(
     \\bar g = \\tfrac{1}{n}\\textstyle\\sum_w v_w \\odot 1_{S_w},\\quad
     u \\leftarrow u \\odot 1_{\\bar S},\\ v \\leftarrow v \\odot 1_{\\bar S}
 
-  ``theta`` is the ``(1 - density)`` quantile of ``|v|`` estimated on a random
-  sample of ``sample_ratio * d`` coordinates; at most ``k = floor(density *
+  ``theta`` is the ``(1 - density)`` quantile of ``|v|`` estimated on a
+  systematic sample (every ``1 / sample_ratio``-th coordinate); at most ``k = floor(density *
   d)`` coordinates are sent (values + int32 indices, all-gathered), the largest
   when more pass the threshold. Momentum is applied here, so chain DGC with
   plain ``optax.sgd(lr)`` (no momentum).
@@ -161,7 +135,6 @@ def dgc(
     warmup_steps: length of the exponential sparsity warm-up (densities 25%,
       6.25%, 1.5625%, 0.4% down to ``ratio``, in equal stages); 0 disables it.
     sample_ratio: fraction of coordinates sampled for the threshold, in (0, 1].
-    seed: seeds the sampling stream.
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -176,4 +149,4 @@ def dgc(
   warmup_steps = checks.at_least("warmup_steps", warmup_steps, 0)
   sample_ratio = checks.fraction("sample_ratio", sample_ratio)
   codec = dgc_codec(ratio, momentum, clip_norm, warmup_steps, sample_ratio, axis_name)
-  return leafwise(codec, seed=seed)
+  return leafwise(codec)

@@ -228,3 +228,45 @@ def _unpack(words: jax.Array, size: int, length: int) -> jax.Array:
     word = jnp.where(skip, word >> width, word)
     bit = jnp.where(skip, bit + width, bit)
   return jnp.minimum(owner * _WORD + bit, length - 1)
+
+
+def threshold_top_k(
+  x: jax.Array, k: int, sample_size: int
+) -> tuple[jax.Array, jax.Array]:
+  """At most k large-magnitude entries, chosen by a sampled threshold (DGC).
+
+  Deep Gradient Compression's selection (Lin et al. 2018, §3.1): the
+  threshold is the ``(1 - k/d)`` quantile of ``|x|`` on a systematic sample of
+  ``sample_size`` positions; the entries at or above it are compacted (up to a
+  capacity of ``1.25 k + 64``) and, when more than ``k`` pass, the ``k``
+  largest of them are kept. Not an exact top-k: fewer than ``k`` may pass, and
+  the candidates past the capacity are dropped; there is no fallback, so the
+  cost is always a few O(d) fused passes.
+
+  Args:
+    x: 1-D float array of length ``d``.
+    k: static maximum number of entries, ``1 <= k <= d``.
+    sample_size: static number of sampled positions, >= 1.
+
+  Returns:
+    ``(values, indices)`` of shape ``(k,)``; unused slots hold value 0 and
+    index ``d`` (out of range, so scatters with ``mode="drop"`` skip them).
+  """
+  d = x.shape[0]
+  if not 1 <= k <= d:
+    raise ValueError(f"k must be in [1, {d}], got {k}")
+  stride = -(-d // min(max(sample_size, 1), d))
+  sample = _magnitude_keys(x[::stride])
+  rank = max(1, round(sample.shape[0] * k / d))
+  threshold = _kth_largest(sample, rank)
+  words, count = _pack(_magnitude_keys(x) >= threshold)
+  capacity = min(d, math.ceil(1.25 * k) + 64)
+  cand = _unpack(words, capacity, d)
+  cand_values = x[cand]
+  valid = jnp.arange(capacity) < count
+  cand_keys = jnp.where(valid, _magnitude_keys(cand_values), -1)
+  chosen = _exact_select(cand_keys, k)
+  # With fewer than k candidates, the slots past them are arbitrary positions.
+  used = jnp.arange(k) < jnp.minimum(count, capacity)
+  values = jnp.where(used, cand_values[chosen], 0)
+  return values, jnp.where(used, cand[chosen], d)
