@@ -289,13 +289,32 @@ def test_apply_if_finite_keeps_compressor_state_on_a_nan_step():
   assert int(after.total_notfinite) == 1
 
 
-def test_memory_never_stores_non_finite_values():
-  """Even when a NaN step is applied (no apply_if_finite), the residual survives."""
-  tx = gradcomp.topk(0.1)
-  good = {"x": jnp.arange(20.0)}
+@pytest.mark.parametrize(
+  "factory",
+  [
+    lambda: gradcomp.topk(0.1),
+    lambda: gradcomp.ef_signsgd(),
+    lambda: gradcomp.powersgd(1),
+    lambda: gradcomp.dgc(0.1, momentum=0.0, sample_ratio=1.0),
+  ],
+)
+def test_memory_drops_a_non_finite_gradient_and_loses_no_mass(factory):
+  """Applied without apply_if_finite, a NaN step sends the memory and keeps it finite."""
+  tx = factory()
+  good = {"x": jnp.arange(20.0).reshape(4, 5) - 7.0}
   _, state = tx.update(good, tx.init(good))
-  _, after = tx.update({"x": good["x"].at[0].set(jnp.inf)}, state)
-  chex.assert_trees_all_equal(after.leaves, state.leaves)
+  before = residual_mean_single(state)
+  out, after = tx.update({"x": good["x"].at[0, 1].set(jnp.nan)}, state)
+  chex.assert_tree_all_finite((out, after))
+  np.testing.assert_allclose(
+    np.asarray(out["x"]) + residual_mean_single(after), before, atol=1e-5
+  )
+
+
+def residual_mean_single(state) -> np.ndarray:
+  leaf = state.leaves["x"]
+  memory = leaf.velocity if isinstance(leaf, DGCLeafState) else leaf.residual
+  return np.asarray(memory)
 
 
 def test_workers_agree_to_skip_when_one_worker_has_a_nan():

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from gradcomp._src import exchange
+
 LeafState = Any
 
 
@@ -112,7 +114,7 @@ def leafwise(
         g.astype(jnp.float32), s, jax.random.fold_in(step_key, i), state.count
       )
       outputs.append(mean.astype(g.dtype))
-      new_states.append(new_s)
+      new_states.append(exchange.vary_like(new_s, s))
     new_state = CompressorState(
       count=optax.safe_increment(state.count),
       key=key,

@@ -19,7 +19,7 @@ import optax
 
 from gradcomp._src import checks, exchange, sparse
 from gradcomp._src.base import LeafCodec, leafwise
-from gradcomp._src.memory import keep_if_finite
+from gradcomp._src.memory import all_finite
 from gradcomp._src.selection import threshold_top_k
 
 MIN_SAMPLE = 1024
@@ -48,8 +48,11 @@ def dgc_codec(
 
   def init(leaf, key):
     del key
-    zeros = jnp.zeros(leaf.shape, jnp.float32)
-    return DGCLeafState(momentum=zeros, velocity=zeros)
+    # Two distinct buffers, so that the state can be donated.
+    return DGCLeafState(
+      momentum=jnp.zeros(leaf.shape, jnp.float32),
+      velocity=jnp.zeros(leaf.shape, jnp.float32),
+    )
 
   def apply(g, state, key, step):
     shape = g.shape
@@ -59,8 +62,12 @@ def dgc_codec(
     if clip_norm is not None:
       # Local clipping: each worker's share of the global norm (§3.4).
       g = g * jnp.minimum(1.0, clip_norm / math.sqrt(n) / (jnp.linalg.norm(g) + 1e-12))
-    u = momentum * state.momentum.reshape(-1) + g
-    v = state.velocity.reshape(-1) + u
+    old_u, old_v = state.momentum.reshape(-1), state.velocity.reshape(-1)
+    u = momentum * old_u + g
+    v = old_v + u
+    # Non-finite policy of memory.py: drop this gradient, send the memory.
+    finite = all_finite(v)
+    u, v = jnp.where(finite, u, old_u), jnp.where(finite, v, old_v)
     # At least MIN_SAMPLE positions (or all): a tiny sample's quantile is noise.
     sample_size = max(MIN_SAMPLE, math.ceil(sample_ratio * size))
 
@@ -98,7 +105,6 @@ def dgc_codec(
     # Momentum factor masking: what was sent stops accumulating momentum.
     remainder = clear(v).reshape(shape)
     new_state = DGCLeafState(momentum=clear(u).reshape(shape), velocity=remainder)
-    new_state = keep_if_finite(jnp.all(jnp.isfinite(v)), new_state, state)
     return mean.reshape(shape), remainder, new_state
 
   return LeafCodec(init, apply)

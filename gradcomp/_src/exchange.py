@@ -29,15 +29,53 @@ def worker_key(key: jax.Array, axis_name: AxisName) -> jax.Array:
   return jax.random.fold_in(key, jax.lax.axis_index(axis_name))
 
 
+def _on_one_device(payload):
+  """The identity exchange; the payload still materialises, as on a wire.
+
+  Left to itself XLA fuses ``decode(encode(x))`` into one loop that recomputes
+  each packed byte for every coordinate it holds (4x the hashing for
+  TernGrad's 2-bit codes); ``optimization_barrier`` does not stop that on CPU.
+  A conditional does: its predicate is always true, but XLA cannot fold it.
+  """
+  leaves = jax.tree.leaves(payload)
+  if not leaves or leaves[0].size == 0:
+    return payload
+  first = jax.lax.bitcast_convert_type(
+    leaves[0].reshape(-1)[0].astype(jnp.float32), jnp.uint32
+  )
+  return jax.lax.cond(
+    (first | 1) != 0, lambda p: p, lambda p: jax.tree.map(jnp.zeros_like, p), payload
+  )
+
+
+def vary_like(new, old):
+  """``new`` typed as varying over every mesh axis ``old`` varies over.
+
+  Under ``shard_map`` per-worker state enters the step typed as varying over
+  the data axis; a state entry recomputed from all-reduced values (PowerSGD's
+  Q) comes out typed as replicated, and a ``scan`` carry must keep its type.
+  """
+
+  def axes(x):
+    manual = getattr(jax.typeof(x), "manual_axis_type", None)
+    return frozenset(getattr(manual, "varying", ()))
+
+  def cast(n, o):
+    missing = tuple(sorted(axes(o) - axes(n)))
+    return jax.lax.pcast(n, missing, to="varying") if missing else n
+
+  return jax.tree.map(cast, new, old)
+
+
 def all_reduce_sum(x, axis_name: AxisName):
   """Sum of a pytree of linear payloads over workers (all-reduce)."""
-  return x if axis_name is None else jax.lax.psum(x, axis_name)
+  return _on_one_device(x) if axis_name is None else jax.lax.psum(x, axis_name)
 
 
 def all_gather(x, axis_name: AxisName):
   """Stacks a pytree of payloads from all workers on a new leading axis."""
   if axis_name is None:
-    return jax.tree.map(lambda a: a[None], x)
+    return jax.tree.map(lambda a: a[None], _on_one_device(x))
   return jax.tree.map(lambda a: jax.lax.all_gather(a, axis_name, to="invarying"), x)
 
 
@@ -58,10 +96,9 @@ def sum_over_workers(gathered, decode: Callable[..., jax.Array]) -> jax.Array:
 def scatter_mean(values, indices, size: int, n: int) -> jax.Array:
   """Dense mean of gathered sparse payloads: ``sum_w scatter(values_w) / n``.
 
-  Indices equal to ``size`` mark padding and are dropped.
+  Indices equal to ``size`` mark padding and are dropped. The ``1 / n`` is
+  applied to the ``n * k`` values, not to the ``size`` outputs.
   """
+  scaled = values.reshape(-1).astype(jnp.float32) * (1.0 / n)
   dense = jnp.zeros((size,), jnp.float32)
-  dense = dense.at[indices.reshape(-1)].add(
-    values.reshape(-1).astype(jnp.float32), mode="drop"
-  )
-  return dense / n
+  return dense.at[indices.reshape(-1)].add(scaled, mode="drop")

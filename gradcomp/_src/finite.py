@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from gradcomp._src import exchange
+from gradcomp._src.memory import all_finite
 
 
 def apply_if_finite(
@@ -53,7 +54,7 @@ def apply_if_finite(
   def update_fn(updates, state, params=None):
     local_bad = jnp.zeros([], jnp.int32)
     for leaf in jax.tree.leaves(updates):
-      local_bad = local_bad | (~jnp.all(jnp.isfinite(leaf))).astype(jnp.int32)
+      local_bad = local_bad | (~all_finite(leaf)).astype(jnp.int32)
     finite = exchange.all_reduce_sum(local_bad, axis_name) == 0
     notfinite_count = jnp.where(finite, 0, optax.safe_increment(state.notfinite_count))
 

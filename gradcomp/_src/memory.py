@@ -6,10 +6,18 @@ Seide et al. 2014) and Karimireddy et al. 2019 (EF-signSGD):
 .. math::
   e_t = r_{t-1} + g_t, \\quad p_t = C(e_t), \\quad r_t = e_t - D(p_t)
 
-Non-finite policy: a step whose corrected gradient ``e_t`` holds a NaN or an
-Inf leaves the residual and the inner codec state exactly as they were, so one
-bad batch never poisons the memory. The step's output is still non-finite (the
-exchange carries it to every worker), which is what ``apply_if_finite`` checks.
+Non-finite policy: when ``r_{t-1} + g_t`` holds a NaN or an Inf, this worker's
+gradient is dropped and ``e_t = r_{t-1}``: the memory is compressed and sent as
+usual, so it never stores a NaN and no mass is lost, and the other workers'
+gradients still go through. To skip such a step on every worker instead (the
+whole update and all state left as they were), wrap the chain in
+``optax.apply_if_finite`` (one device) or ``gradcomp.apply_if_finite`` (data
+parallel), which look at the raw gradients before any compressor does.
+
+Why drop rather than keep the state and emit a NaN: the select between the old
+and new memory after compression keeps the old buffer alive through the whole
+step, which costs XLA a copy of every donated buffer; on a 25.6M-value top-k
+that was ~50 ms of ~150 ms (BUILD_NOTES.md).
 """
 
 from __future__ import annotations
@@ -27,9 +35,15 @@ class ErrorFeedbackState(NamedTuple):
   inner: Any  # the wrapped codec's state.
 
 
-def keep_if_finite(finite: jax.Array, new, old):
-  """``new`` where ``finite`` else ``old``, leaf by leaf."""
-  return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+def all_finite(x: jax.Array) -> jax.Array:
+  """Whether every entry of ``x`` is finite, as a scalar bool.
+
+  ``0 * x`` is 0 where ``x`` is finite and NaN elsewhere, so one float sum
+  answers exactly; it costs ~8 ms on 25.6M values where
+  ``jnp.all(jnp.isfinite(x))`` costs ~13 ms (a boolean pass, then a
+  reduce-window tree) on a 2-core CPU.
+  """
+  return jnp.isfinite(jnp.sum(x * 0.0))
 
 
 def error_feedback(codec: LeafCodec) -> LeafCodec:
@@ -43,10 +57,9 @@ def error_feedback(codec: LeafCodec) -> LeafCodec:
 
   def apply(g, state, key, step):
     e = state.residual + g
+    e = jnp.where(all_finite(e), e, state.residual)
     mean, remainder, inner = codec.apply(e, state.inner, key, step)
-    finite = jnp.all(jnp.isfinite(e))
-    new_state = keep_if_finite(finite, ErrorFeedbackState(remainder, inner), state)
-    return mean, remainder, new_state
+    return mean, remainder, ErrorFeedbackState(remainder, inner)
 
   return LeafCodec(init, apply)
 

@@ -9,6 +9,7 @@ on CPU (PERFORMANCE_NOTES).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -59,22 +60,35 @@ def qsgd(
 
   def apply(x, state, key, step):
     del step
-    size = x.size
+    flat = x.reshape(-1)
+    size = flat.shape[0]
     bucket = min(bucket_size, size)
-    buckets = jnp.pad(x.reshape(-1), (0, -size % bucket)).reshape(-1, bucket)
-    norms = jnp.sqrt(jnp.sum(buckets * buckets, axis=1, keepdims=True))
-    scaled = jnp.abs(buckets) * (levels / jnp.where(norms > 0, norms, 1.0))
-    u = hash_uniform(exchange.worker_key(key, axis_name), buckets.shape)
-    codes = (jnp.sign(buckets) * jnp.floor(scaled + u)).astype(jnp.int8)
-    scales = norms / levels
+    body = size - size % bucket
+    # Full buckets as a (buckets, bucket) view and the ragged tail apart:
+    # padding the whole leaf to a multiple of the bucket would copy it.
+    parts = [flat[:body].reshape(-1, bucket)]
+    if body < size:
+      parts.append(flat[body:].reshape(1, -1))
+    keys = jax.random.split(exchange.worker_key(key, axis_name), len(parts))
+    payload = [quantize(p, k) for p, k in zip(parts, keys, strict=True)]
 
-    def decode(c, s):
-      return (c.astype(jnp.float32) * s).reshape(-1)[:size].reshape(x.shape)
+    def decode(*payload):
+      return jnp.concatenate(
+        [(c.astype(jnp.float32) * s).reshape(-1) for c, s in payload]
+      ).reshape(x.shape)
 
     n = exchange.num_workers(axis_name)
-    gathered = exchange.all_gather((codes, scales), axis_name)
+    gathered = exchange.all_gather(payload, axis_name)
     mean = exchange.sum_over_workers(gathered, decode) / n
-    return mean, x - decode(codes, scales), state
+    return mean, x - decode(*payload), state
+
+  def quantize(buckets, key):
+    """int8 codes and float32 scales of each row of ``buckets``."""
+    norms = jnp.sqrt(jnp.sum(buckets * buckets, axis=1, keepdims=True))
+    scaled = jnp.abs(buckets) * (levels / jnp.where(norms > 0, norms, 1.0))
+    u = hash_uniform(key, buckets.shape)
+    codes = (jnp.sign(buckets) * jnp.floor(scaled + u)).astype(jnp.int8)
+    return codes, norms / levels
 
   codec = LeafCodec(stateless_init, apply)
   return leafwise(memory.maybe_error_feedback(codec, error_feedback), seed=seed)
