@@ -36,3 +36,17 @@ def test_hash_uniforms_are_uniform_and_key_dependent():
   assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.02
   other = np.asarray(hashing.hash_uniform(jax.random.PRNGKey(1), (100_000,)))
   assert abs(np.corrcoef(u, other)[0, 1]) < 0.02
+
+
+def test_derived_keys_give_independent_streams():
+  key = jax.random.PRNGKey(3)
+  streams = [
+    np.asarray(hashing.hash_uniform(hashing.derive(key, i), (50_000,)))
+    for i in range(4)
+  ]
+  assert len({s.tobytes() for s in streams}) == 4
+  for a in range(4):
+    for b in range(a + 1, 4):
+      assert abs(np.corrcoef(streams[a], streams[b])[0, 1]) < 0.03
+      # Not a shifted or permuted copy either: the sorted values differ.
+      assert not np.array_equal(np.sort(streams[a]), np.sort(streams[b]))

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import exchange
+from gradcomp._src import exchange, hashing
 
 LeafState = Any
 
@@ -111,7 +111,7 @@ def leafwise(
     outputs, new_states = [], []
     for i, (g, s) in enumerate(zip(leaves, leaf_states, strict=True)):
       mean, _, new_s = codec.apply(
-        g.astype(jnp.float32), s, jax.random.fold_in(step_key, i), state.count
+        g.astype(jnp.float32), s, hashing.derive(step_key, i), state.count
       )
       outputs.append(mean.astype(g.dtype))
       new_states.append(exchange.vary_like(new_s, s))

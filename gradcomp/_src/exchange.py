@@ -14,6 +14,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from gradcomp._src import hashing
+
 AxisName = str | tuple[str, ...] | None
 
 
@@ -26,7 +28,7 @@ def worker_key(key: jax.Array, axis_name: AxisName) -> jax.Array:
   """A PRNG key independent between workers, derived from a shared one."""
   if axis_name is None:
     return key
-  return jax.random.fold_in(key, jax.lax.axis_index(axis_name))
+  return hashing.derive(key, jax.lax.axis_index(axis_name))
 
 
 def _on_one_device(payload):

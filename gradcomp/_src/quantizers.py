@@ -9,11 +9,10 @@ on CPU (PERFORMANCE_NOTES).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import bits, checks, exchange, memory
+from gradcomp._src import bits, checks, exchange, hashing, memory
 from gradcomp._src.base import LeafCodec, leafwise, stateless_init
 from gradcomp._src.hashing import hash_uniform
 
@@ -69,8 +68,8 @@ def qsgd(
     parts = [flat[:body].reshape(-1, bucket)]
     if body < size:
       parts.append(flat[body:].reshape(1, -1))
-    keys = jax.random.split(exchange.worker_key(key, axis_name), len(parts))
-    payload = [quantize(p, k) for p, k in zip(parts, keys, strict=True)]
+    key = exchange.worker_key(key, axis_name)
+    payload = [quantize(p, hashing.derive(key, i)) for i, p in enumerate(parts)]
 
     def decode(*payload):
       return jnp.concatenate(

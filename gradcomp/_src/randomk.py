@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import checks, exchange, memory, sparse
+from gradcomp._src import checks, exchange, hashing, memory, sparse
 from gradcomp._src.base import LeafCodec, leafwise, stateless_init
 
 
@@ -21,14 +21,13 @@ def shared_indices(key: jax.Array, size: int, k: int) -> jax.Array:
 
   Stratified sampling: one uniform offset in each of k blocks of
   ``size // k`` coordinates, then the whole pattern rotated by a uniform shift.
-  k random integers instead of a permutation of ``size`` (which
-  ``jax.random.choice(replace=False)`` costs), and the indices are distinct by
-  construction.
+  k hashed integers (``hashing.py``) instead of a permutation of ``size``
+  (which ``jax.random.choice(replace=False)`` costs), and the indices are
+  distinct by construction.
   """
   block = size // k
-  offset_key, shift_key = jax.random.split(key)
-  offsets = jax.random.randint(offset_key, (k,), 0, block, dtype=jnp.int32)
-  shift = jax.random.randint(shift_key, (), 0, size, dtype=jnp.int32)
+  offsets = hashing.hash_below(key, (k,), block)
+  shift = hashing.hash_below(hashing.derive(key, 0), (1,), size)[0]
   starts = jnp.arange(k, dtype=jnp.int32) * block
   return (starts + offsets + shift) % size
 

@@ -11,12 +11,12 @@ donate_argnums=(1,))(grads, state)`` in two layouts:
   outside the timed call.
 
 The state is donated and the returned state fed back into the next call, so state
-buffers are reused as in a training step; the gradients are not donated (they are
-reused by every call). So every call writes its output into freshly allocated memory; on
-CPU a fresh 100 MB buffer costs tens of ms of first-touch page faults
-(``PERFORMANCE_NOTES.md``), which dominates the fused time of the cheap
-compressors (none, fp16, signSGD) while the layer-wise outputs (at most 9 MB each)
-are recycled by the allocator. Times are medians of ``repeats`` calls after a first
+buffers are reused as in a training step; the gradients are donated too (each call
+gets its own copy, made before timing), because in a step the gradient buffer is
+dead once compressed. Without that every fused call writes its output into freshly
+allocated memory, and on CPU a fresh 100 MB buffer costs tens of ms of first-touch
+page faults (``PERFORMANCE_NOTES.md``), which would dominate the fused time of the
+cheap compressors (none, fp16, signSGD). Times are medians of ``repeats`` calls after a first
 (compiling) call and one warm-up call; the first call's time is recorded as
 ``compile_ms``.
 
@@ -240,11 +240,18 @@ def time_layout(cfg: CompressorConfig, grads, *, repeats: int, warmup: int = 1):
   tx = _build(cfg)
   state = _copy_tree(tx.init(grads))
   state_bytes = sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, "nbytes"))
-  update = jax.jit(tx.update, donate_argnums=(1,))
+  # Gradients and state are both donated: in a training step the gradient
+  # buffer is dead once compressed, so the output can reuse it. Without that,
+  # every fused call writes 100 MB of fresh pages (~25-50 ms of page faults on
+  # this CPU) and the table would measure the allocator. Each call gets its own
+  # copy of the gradients, made (and touched) before timing.
+  update = jax.jit(tx.update, donate_argnums=(0, 1))
+  copies = [_copy_tree(grads) for _ in range(repeats + warmup + 2)]
+  jax.block_until_ready(copies)
   box = [state]
 
   def step():
-    out, box[0] = update(grads, box[0], None)
+    out, box[0] = update(copies.pop(), box[0], None)
     return out, box[0]
 
   with warnings.catch_warnings():
