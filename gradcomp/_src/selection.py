@@ -255,6 +255,10 @@ def threshold_top_k(
   d = x.shape[0]
   if not 1 <= k <= d:
     raise ValueError(f"k must be in [1, {d}], got {k}")
+  if d <= _DIRECT_ALWAYS:
+    # Small leaves: an exact top-k is cheaper to run and to compile, and it is
+    # what a full sample's threshold would select.
+    return _direct_top_k(x, k)
   stride = -(-d // min(max(sample_size, 1), d))
   sample = _magnitude_keys(x[::stride])
   rank = max(1, round(sample.shape[0] * k / d))
