@@ -22,6 +22,7 @@ from gradcomp._src.registry import names as names
 from gradcomp._src.registry import register as register
 from gradcomp._src.signs import ef_signsgd as ef_signsgd
 from gradcomp._src.signs import signsgd as signsgd
+from gradcomp._src.sketch_topk import sketch_topk as sketch_topk
 from gradcomp._src.threshold import threshold_quantize as threshold_quantize
 from gradcomp._src.topk import topk as topk
 from gradcomp._src.wire import wire_bytes as wire_bytes

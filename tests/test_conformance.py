@@ -24,6 +24,7 @@ CONFIGS = {
   "ef_signsgd": {},
   "powersgd": {"rank": 2},
   "threshold_quantize": {"threshold": 0.5},
+  "sketch_topk": {"ratio": 0.3},
 }
 NAMES = sorted(CONFIGS)
 

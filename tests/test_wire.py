@@ -17,6 +17,7 @@ BUDGETS = {
   "signsgd": ({}, 0.035),
   "qsgd": ({"levels": 4}, 0.3),
   "fp16": ({}, 0.51),
+  "sketch_topk": ({"ratio": 0.01}, 0.06),  # issue 3: default cols
 }
 
 

@@ -58,6 +58,7 @@ min/max network evaluated in the same fused pass, written in place into the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -200,7 +201,12 @@ def _median(values: list[jax.Array]) -> jax.Array:
   return jnp.median(jnp.stack(values), axis=0)
 
 
-def estimate_all(table: jax.Array, d: int, seed: int) -> jax.Array:
+def estimate_all(
+  table: jax.Array,
+  d: int,
+  seed: int,
+  finish: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+) -> jax.Array:
   """Estimates of every coordinate of the sketched vector: float32 ``(d,)``.
 
   .. math::
@@ -215,9 +221,13 @@ def estimate_all(table: jax.Array, d: int, seed: int) -> jax.Array:
     table: a ``(rows, cols)`` sketch from :func:`sketch` (or a sum of them).
     d: static length of the sketched vector.
     seed: the static seed the sketch was built with.
+    finish: optional elementwise map ``finish(est, index) -> float32`` applied
+      to the estimates (``index``: their int32 coordinates) in the same pass,
+      so that a consumer of a function of the estimates (HEAVYMIX's
+      priorities) does not materialize them first.
 
   Returns:
-    float32 ``(d,)``.
+    float32 ``(d,)``: the estimates, or ``finish`` of them.
   """
   rows, cols = _check_table(table)
   h = block_hashes(rows, cols, d, seed)
@@ -229,7 +239,10 @@ def estimate_all(table: jax.Array, d: int, seed: int) -> jax.Array:
       h.signs[j, b] * lax.dynamic_slice(doubled[j], (h.offsets[j, b],), (length,))
       for j in range(rows)
     ]
-    return _median(per_row) * h.pattern[:length]
+    est = _median(per_row) * h.pattern[:length]
+    if finish is None:
+      return est
+    return finish(est, b * cols + jnp.arange(length, dtype=jnp.int32))
 
   def body(b, out):
     return lax.dynamic_update_slice(out, block_estimate(b, cols), (b * cols,))

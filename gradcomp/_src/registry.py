@@ -12,6 +12,7 @@ from gradcomp._src.powersgd import powersgd
 from gradcomp._src.quantizers import qsgd, terngrad
 from gradcomp._src.randomk import randomk
 from gradcomp._src.signs import ef_signsgd, signsgd
+from gradcomp._src.sketch_topk import sketch_topk
 from gradcomp._src.threshold import threshold_quantize
 from gradcomp._src.topk import topk
 
@@ -58,5 +59,6 @@ for _factory in (
   ef_signsgd,
   powersgd,
   threshold_quantize,
+  sketch_topk,
 ):
   register(_factory.__name__, _factory)

@@ -161,15 +161,28 @@ def heavymix(table, d: int, k: int, key, seed: int, random_fill: bool = True):
     int32 ``(k,)`` distinct indices in ``[0, d)``, or ``d`` for empty slots.
   """
   l2 = count_sketch.l2_estimate(table)
-  est = count_sketch.estimate_all(table, d, seed)
-  square = est * est
-  heavy = (square * k >= l2) & (square > 0)
   # l2 > 0 wherever a coordinate is heavy unless the rows disagree wildly;
   # the guard keeps the priority finite and > 1 then too.
   scale = 1.0 / jnp.maximum(l2, jnp.finfo(jnp.float32).tiny)
-  fill = hashing.hash_uniform(key, (d,))
-  priority = jnp.where(heavy, 1.0 + square * scale, fill)
-  chosen, indices = top_k_magnitude(priority, k)
+
+  def priority(est, index):
+    square = est * est
+    heavy = (square * k >= l2) & (square > 0)
+    return jnp.where(heavy, 1.0 + square * scale, _uniform_at(key, index))
+
+  # Priorities are computed in the estimation pass and materialized once; the
+  # top-k reads them several times.
+  chosen, indices = top_k_magnitude(
+    count_sketch.estimate_all(table, d, seed, finish=priority), k
+  )
   if not random_fill:
     indices = jnp.where(chosen >= 1.0, indices, d)
   return indices
+
+
+def _uniform_at(key, index):
+  """``hashing.hash_uniform(key, (d,))[index]``, computed for the given indices."""
+  seed = key.astype(jnp.uint32)
+  counter = index.astype(jnp.uint32)
+  bits = hashing.fmix32(hashing.fmix32(counter ^ seed[0]) + seed[1]) >> 8
+  return bits.astype(jnp.float32) * jnp.float32(2.0**-24)

@@ -182,6 +182,15 @@ COMPRESSORS: list[CompressorConfig] = [
     {"threshold": 0.5},
     _bits_floor(2, True, "2-bit codes"),
   ),
+  # Sketch-Fusion SGD (paper 000 Alg. 1): the sketch pass reads e once per row
+  # set (one fused pass), estimate-all writes nothing dense beyond the output;
+  # the tables (rows x cols) and the k values are O(k) and left out.
+  CompressorConfig(
+    "sketch_topk",
+    "sketch_topk",
+    {"ratio": 0.01},
+    Floor(2 * _F32, 2 * _F32, _F32, "read 4d g + 4d EF; write 4d EF + 4d out + 4k"),
+  ),
 ]
 """The rows of the compressor suites; later suites (sketch_topk, layerfusion) append."""
 
