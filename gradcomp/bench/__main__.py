@@ -3,6 +3,7 @@
 Example::
 
   python -m gradcomp.bench compress --model resnet50 --repeats 7 --only topk,dgc
+  python -m gradcomp.bench sketch
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 from collections.abc import Sequence
 
 from gradcomp._src import shapes
-from gradcomp.bench import compress
+from gradcomp.bench import compress, sketch
 
 
 def _compress(args: argparse.Namespace) -> None:
@@ -22,6 +23,10 @@ def _compress(args: argparse.Namespace) -> None:
     out_dir=args.out,
     warmup=args.warmup,
   )
+
+
+def _sketch(args: argparse.Namespace) -> None:
+  sketch.run(repeats=args.repeats, out_dir=args.out)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -40,6 +45,12 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument("--only", default=None, help="comma-separated labels, e.g. topk,bf16")
   p.add_argument("--out", default="bench_out/", help="directory for compress.json")
   p.set_defaults(func=_compress)
+  s = suites.add_parser(
+    "sketch", help="Count Sketch / sketch_topk stages: time and peak memory"
+  )
+  s.add_argument("--repeats", type=int, default=7, help="timed calls (median)")
+  s.add_argument("--out", default="bench_out/", help="directory for sketch.json")
+  s.set_defaults(func=_sketch)
   args = parser.parse_args(argv)
   if args.suite == "compress":
     try:
