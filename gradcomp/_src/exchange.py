@@ -82,13 +82,14 @@ def all_gather(x, axis_name: AxisName):
   return jax.tree.map(lambda a: jax.lax.all_gather(a, axis_name, to="invarying"), x)
 
 
-def sum_over_workers(gathered, decode: Callable[..., jax.Array]) -> jax.Array:
-  """``sum_w decode(payload_w)`` over a gathered payload tree.
+def gathered_sum(payload, decode: Callable[..., jax.Array], axis_name: AxisName):
+  """``sum_w decode(*payload_w)``: all-gather the payloads, decode each, add.
 
   Unrolled adds rather than ``jnp.sum(axis=0)``: on CPU the reduction of a
   stacked (workers, d) array hits a slow path (PERFORMANCE_NOTES: 1.1 s vs 42 ms
   for 25.6M x 8) and materialises every decoded copy.
   """
+  gathered = all_gather(payload, axis_name)
   n = jax.tree.leaves(gathered)[0].shape[0]
   total = decode(*jax.tree.map(lambda a: a[0], gathered))
   for w in range(1, n):

@@ -77,8 +77,7 @@ def qsgd(
       ).reshape(x.shape)
 
     n = exchange.num_workers(axis_name)
-    gathered = exchange.all_gather(payload, axis_name)
-    mean = exchange.sum_over_workers(gathered, decode) / n
+    mean = exchange.gathered_sum(payload, decode, axis_name) / n
     return mean, x - decode(*payload), state
 
   def quantize(buckets, key):
@@ -126,8 +125,7 @@ def terngrad(
       return bits.unpack_ternary(p, size) * s
 
     n = exchange.num_workers(axis_name)
-    gathered = exchange.all_gather((packed, scale), axis_name)
-    mean = exchange.sum_over_workers(gathered, decode) / n
+    mean = exchange.gathered_sum((packed, scale), decode, axis_name) / n
     return mean.reshape(x.shape), x - ternary * scale, state
 
   return leafwise(LeafCodec(stateless_init, apply), seed=seed)

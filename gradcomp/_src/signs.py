@@ -36,8 +36,9 @@ def signsgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransformat
     del key, step
     size = x.size
     packed = bits.pack_signs(x)
-    gathered = exchange.all_gather((packed,), axis_name)
-    votes = exchange.sum_over_workers(gathered, lambda p: bits.unpack_signs(p, size))
+    votes = exchange.gathered_sum(
+      (packed,), lambda p: bits.unpack_signs(p, size), axis_name
+    )
     local = bits.unpack_signs(packed, size).reshape(x.shape)
     return jnp.sign(votes).reshape(x.shape), x - local, state
 
@@ -57,8 +58,7 @@ def scaled_sign_codec(axis_name: exchange.AxisName) -> LeafCodec:
       return bits.unpack_signs(p, size) * s
 
     n = exchange.num_workers(axis_name)
-    gathered = exchange.all_gather((packed, scale), axis_name)
-    mean = exchange.sum_over_workers(gathered, decode) / n
+    mean = exchange.gathered_sum((packed, scale), decode, axis_name) / n
     return mean.reshape(x.shape), x - decode(packed, scale).reshape(x.shape), state
 
   return LeafCodec(stateless_init, apply)

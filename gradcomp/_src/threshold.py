@@ -45,8 +45,9 @@ def threshold_quantize(
     ternary = (x >= t).astype(jnp.float32) - (x <= -t).astype(jnp.float32)
     packed = bits.pack_ternary(ternary)
     n = exchange.num_workers(axis_name)
-    gathered = exchange.all_gather((packed,), axis_name)
-    codes = exchange.sum_over_workers(gathered, lambda p: bits.unpack_ternary(p, size))
+    codes = exchange.gathered_sum(
+      (packed,), lambda p: bits.unpack_ternary(p, size), axis_name
+    )
     mean = (codes * (t / n)).reshape(x.shape)
     return mean, x - ternary * t, state
 
