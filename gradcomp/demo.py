@@ -49,6 +49,7 @@ COMPRESSORS = [
   ("ef_signsgd", {}),
   ("powersgd", {"rank": 4}),
   ("threshold_quantize", {"threshold": 0.05}),
+  ("sketch_topk", {"ratio": 0.01}),
 ]
 
 

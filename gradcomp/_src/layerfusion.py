@@ -1,0 +1,189 @@
+"""LayerFusion: compress fused groups of leaves instead of each leaf on its own.
+
+Paper 000 §3.2: compressing and exchanging every layer separately pays a fixed
+cost per call (kernel launches, collective start-up), which dominates for the
+many small tensors of a deep model; §4.1 (Algorithm 2): LayerFusion divides
+the model into ``y`` groups and compresses each group's fused gradient in one
+call. Shaped like ``optax.flatten(inner)`` and ``optax.partition``: the wrapper
+concatenates the leaves of each group of a :class:`~gradcomp._src.fusion_plan.Plan`
+into one buffer, hands ``inner`` the tuple of buffers, and splits the result
+back. Choosing the plan by the cost model of §4.3 (eq. 7, ``plan="auto"``) is
+issue 4, part 2. DESIGN §2.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from gradcomp._src.fusion_plan import Plan, check_order
+
+PLAN_NAMES = ("layerwise", "single", "auto")
+
+
+class LayerFusionState(NamedTuple):
+  """State of :func:`layerfusion`."""
+
+  inner: optax.OptState  # the inner transformation's state over the fused buffers.
+
+
+def _fuse(leaves, plan: Plan) -> tuple:
+  """One buffer per group of ``plan``, in the plan's (gradient-ready) order.
+
+  A group of one leaf is that leaf as it is (shape and dtype kept); a larger
+  group is the float32 concatenation of its raveled leaves. Leaves that are
+  ``jax.ShapeDtypeStruct`` give ``jax.ShapeDtypeStruct`` buffers.
+  """
+  buffers = []
+  for group in plan.groups:
+    if len(group) == 1:
+      buffers.append(leaves[group[0]])
+      continue
+    members = [leaves[i] for i in group]
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in members):
+      size = sum(int(x.size) for x in members)
+      buffers.append(jax.ShapeDtypeStruct((size,), jnp.float32))
+    else:
+      buffers.append(
+        jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in members])
+      )
+  return tuple(buffers)
+
+
+def _split(buffers, plan: Plan, like) -> list:
+  """Inverse of :func:`_fuse`: the leaves, with the shapes and dtypes of ``like``."""
+  leaves = [None] * plan.num_leaves
+  for group, buffer in zip(plan.groups, buffers, strict=True):
+    start = 0
+    for i in group:
+      shape, dtype = jnp.shape(like[i]), like[i].dtype
+      size = int(jnp.size(like[i]))
+      piece = buffer if len(group) == 1 else buffer[start : start + size]
+      leaves[i] = jnp.reshape(piece, shape).astype(dtype)
+      start += size
+  return leaves
+
+
+def layerfusion(
+  inner: optax.GradientTransformation,
+  plan: str | Plan = "layerwise",
+  *,
+  order=None,
+) -> optax.GradientTransformation:
+  """Applies ``inner`` to fused buffers, one per group of leaves.
+
+  With groups ``x_1, ..., x_y`` of a plan (paper 000 §4.1, Algorithm 2), the
+  update tree's leaves (``jax.tree.leaves``) are gathered group by group in
+  gradient-ready order, each group's leaves are raveled and concatenated into
+  one 1-D buffer, ``inner`` receives the tuple ``(buffer_1, ..., buffer_y)``
+  (a tree with one leaf per group, so a gradcomp compressor treats each group
+  as one unit of compression), and its output is split back into the original
+  leaves with their exact shapes, dtypes and tree structure.
+
+  .. math::
+    u = \\operatorname{split}\\big(\\operatorname{inner}(
+      [\\operatorname{concat}_{j \\in x_1} g_j, \\ldots,
+       \\operatorname{concat}_{j \\in x_y} g_j])\\big)
+
+  Dtypes: a fused buffer is float32; each leaf is cast to float32 on the way
+  in and back to its own dtype on the way out. Mixed float32 / bfloat16 /
+  float16 trees therefore fuse into one buffer, rather than being grouped by
+  dtype (which would break the contiguous gradient-ready groups); gradcomp's
+  compressors compute in float32 anyway. A group of a single leaf is passed
+  to ``inner`` as it is (its own shape and dtype), so ``plan="layerwise"`` is
+  exactly ``inner`` applied to the tree, also for shape-aware compressors
+  (PowerSGD's matrices).
+
+  Planning is static Python on the number of leaves, so the wrapper works
+  inside ``jit``, ``shard_map`` and ``pmap``; ``init`` accepts
+  ``jax.ShapeDtypeStruct`` params. ``params``, when given to ``update``, are
+  fused the same way before ``inner`` sees them.
+
+  Args:
+    inner: the transformation (usually a gradcomp compressor) applied to the
+      tuple of fused buffers.
+    plan: ``"layerwise"`` (one group per leaf, paper 000 §3.2),
+      ``"single"`` (all leaves in one buffer: e.g. a global top-k across
+      layers), or an explicit :class:`Plan`. ``"auto"`` (the eq. 7 search of
+      §4.3) is not implemented yet.
+    order: the gradient-ready order of the leaves (a permutation of their
+      indices, e.g. from :func:`gradient_order`), used to build the
+      ``"layerwise"`` and ``"single"`` plans; default: tree order. With a
+      :class:`Plan`, the plan's own order is used and ``order``, if given,
+      must agree with it. The buffers are passed to ``inner`` in this order,
+      so a compressor's per-leaf PRNG streams follow the groups.
+
+  Returns:
+    An ``optax.GradientTransformation`` with state :class:`LayerFusionState`.
+
+  Raises:
+    NotImplementedError: for ``plan="auto"``.
+    ValueError: for an unknown plan name, a bad ``order``, an ``order`` the
+      plan's groups are not contiguous in, or (at ``init`` / ``update``) a
+      plan or order made for a different number of leaves.
+
+  Examples:
+    >>> import jax.numpy as jnp, gradcomp
+    >>> tx = layerfusion(gradcomp.topk(0.25), "single")
+    >>> grads = {"a": jnp.array([4.0, -1.0]), "b": jnp.array([0.5, -3.0])}
+    >>> updates, _ = tx.update(grads, tx.init(grads))
+    >>> updates["a"].tolist(), updates["b"].tolist()
+    ([4.0, 0.0], [0.0, 0.0])
+
+  References:
+    Paper 000 §3.2, §4.1 (Algorithm 2), §4.3 (eq. 7).
+  """
+  if order is not None:
+    order = check_order(order)
+  if isinstance(plan, str):
+    if plan == "auto":
+      raise NotImplementedError(
+        "plan='auto' needs the cost model (issue 4, part 2); "
+        "use 'layerwise', 'single' or a Plan"
+      )
+    if plan not in PLAN_NAMES:
+      raise ValueError(f"plan must be one of {PLAN_NAMES} or a Plan, got {plan!r}")
+  elif isinstance(plan, Plan):
+    if order is not None:
+      plan.check_order(order)
+  else:
+    raise ValueError(
+      f"plan must be one of {PLAN_NAMES} or a Plan, got {type(plan).__name__}"
+    )
+
+  def resolve(num_leaves: int) -> Plan:
+    if isinstance(plan, Plan):
+      if plan.num_leaves != num_leaves:
+        raise ValueError(
+          f"the plan is for {plan.num_leaves} leaves, the tree has {num_leaves}"
+        )
+      return plan
+    leaf_order = tuple(range(num_leaves)) if order is None else order
+    if len(leaf_order) != num_leaves:
+      raise ValueError(
+        f"order lists {len(leaf_order)} leaves, the tree has {num_leaves}"
+      )
+    return (
+      Plan.layerwise(leaf_order) if plan == "layerwise" else Plan.single(leaf_order)
+    )
+
+  def init_fn(params):
+    leaves = jax.tree.leaves(params)
+    return LayerFusionState(inner=inner.init(_fuse(leaves, resolve(len(leaves)))))
+
+  def update_fn(updates, state, params=None):
+    leaves, treedef = jax.tree.flatten(updates)
+    fusion = resolve(len(leaves))
+    fused_params = None
+    if params is not None:
+      fused_params = _fuse(treedef.flatten_up_to(params), fusion)
+    buffers, inner_state = inner.update(
+      _fuse(leaves, fusion), state.inner, fused_params
+    )
+    out = _split(buffers, fusion, leaves)
+    return jax.tree.unflatten(treedef, out), LayerFusionState(inner=inner_state)
+
+  return optax.GradientTransformation(init_fn, update_fn)
