@@ -12,6 +12,10 @@ from gradcomp._src.dense import fp16 as fp16
 from gradcomp._src.dense import none as none
 from gradcomp._src.dgc import dgc as dgc
 from gradcomp._src.finite import apply_if_finite as apply_if_finite
+from gradcomp._src.fusion_plan import Plan as Plan
+from gradcomp._src.gradient_order import gradient_order as gradient_order
+from gradcomp._src.layerfusion import LayerFusionState as LayerFusionState
+from gradcomp._src.layerfusion import layerfusion as layerfusion
 from gradcomp._src.memory import error_feedback as error_feedback
 from gradcomp._src.powersgd import powersgd as powersgd
 from gradcomp._src.quantizers import qsgd as qsgd

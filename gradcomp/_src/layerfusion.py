@@ -69,7 +69,7 @@ def _split(buffers, plan: Plan, like) -> list:
 
 def layerfusion(
   inner: optax.GradientTransformation,
-  plan: str | Plan = "layerwise",
+  plan: str | Plan = "auto",
   *,
   order=None,
 ) -> optax.GradientTransformation:
@@ -107,8 +107,8 @@ def layerfusion(
       tuple of fused buffers.
     plan: ``"layerwise"`` (one group per leaf, paper 000 §3.2),
       ``"single"`` (all leaves in one buffer: e.g. a global top-k across
-      layers), or an explicit :class:`Plan`. ``"auto"`` (the eq. 7 search of
-      §4.3) is not implemented yet.
+      layers), or an explicit :class:`Plan`. ``"auto"``, the default (the eq. 7
+      search of §4.3), is not implemented yet and raises; pass a plan.
     order: the gradient-ready order of the leaves (a permutation of their
       indices, e.g. from :func:`gradient_order`), used to build the
       ``"layerwise"`` and ``"single"`` plans; default: tree order. With a
