@@ -93,3 +93,29 @@ def random_grads(shapes: dict, seed: int = 0, workers: int = WORKERS):
     name: jnp.asarray(rng.standard_normal((workers, *shape)), jnp.float32)
     for name, shape in shapes.items()
   }
+
+
+# Mixed dtypes, a scalar, a matrix PowerSGD compresses and a 1-D leaf it
+# reshapes; tree order: conv, dense/bias, dense/kernel, scale, vector.
+MIXED_PARAMS = {
+  "dense": {
+    "kernel": jnp.zeros((12, 10), jnp.float32),
+    "bias": jnp.zeros((10,), jnp.bfloat16),
+  },
+  "conv": jnp.zeros((3, 3, 4, 8), jnp.float16),
+  "vector": jnp.zeros((50,), jnp.float32),
+  "scale": jnp.zeros((), jnp.float32),
+}
+
+
+def grads_like(params, seed: int = 0):
+  """Standard-normal gradients shaped and typed like ``params`` (one device)."""
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(
+    treedef,
+    [
+      jax.random.normal(k, p.shape).astype(p.dtype)
+      for k, p in zip(keys, leaves, strict=True)
+    ],
+  )

@@ -28,28 +28,7 @@ CONFIGS = {
 }
 NAMES = sorted(CONFIGS)
 
-# Mixed dtypes, a scalar, a matrix PowerSGD compresses and a 1-D leaf it reshapes.
-PARAMS = {
-  "dense": {
-    "kernel": jnp.zeros((12, 10), jnp.float32),
-    "bias": jnp.zeros((10,), jnp.bfloat16),
-  },
-  "conv": jnp.zeros((3, 3, 4, 8), jnp.float16),
-  "vector": jnp.zeros((50,), jnp.float32),
-  "scale": jnp.zeros((), jnp.float32),
-}
-
-
-def grads_like(params, seed=0, scale=1.0):
-  keys = jax.random.split(jax.random.key(seed), len(jax.tree.leaves(params)))
-  leaves, treedef = jax.tree.flatten(params)
-  return jax.tree.unflatten(
-    treedef,
-    [
-      (scale * jax.random.normal(k, p.shape)).astype(p.dtype)
-      for k, p in zip(keys, leaves, strict=True)
-    ],
-  )
+PARAMS = harness.MIXED_PARAMS
 
 
 def make(name, axis_name=None):
@@ -69,7 +48,7 @@ def test_every_registered_compressor_is_covered():
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "nojit"])
 def test_single_device_update(name, jit):
   tx = make(name)
-  grads = grads_like(PARAMS)
+  grads = harness.grads_like(PARAMS)
   state = tx.init(PARAMS)
   update = jax.jit(tx.update) if jit else tx.update
   updates, new_state = update(grads, state)
@@ -86,7 +65,7 @@ def test_no_retracing_and_empty_tree(name):
   state = tx.init(PARAMS)
   update = jax.jit(chex.assert_max_traces(tx.update, n=1))
   for seed in range(3):
-    _, state = update(grads_like(PARAMS, seed), state)
+    _, state = update(harness.grads_like(PARAMS, seed), state)
   assert tx.update({}, tx.init({}))[0] == {}
 
 

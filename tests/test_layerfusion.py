@@ -18,29 +18,8 @@ from gradcomp._src.layerfusion import LayerFusionState, layerfusion
 
 import harness
 
-# Mixed dtypes and a scalar; tree order: conv, dense/bias, dense/kernel, scale, vector.
-PARAMS = {
-  "dense": {
-    "kernel": jnp.zeros((12, 10), jnp.float32),
-    "bias": jnp.zeros((10,), jnp.bfloat16),
-  },
-  "conv": jnp.zeros((3, 3, 4, 8), jnp.float16),
-  "vector": jnp.zeros((50,), jnp.float32),
-  "scale": jnp.zeros((), jnp.float32),
-}
+PARAMS = harness.MIXED_PARAMS
 SHAPES = {"kernel": (12, 10), "vector": (50,), "bias": (7,), "scale": ()}
-
-
-def grads_like(params, seed=0):
-  leaves, treedef = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(
-    treedef,
-    [
-      jax.random.normal(k, p.shape).astype(p.dtype)
-      for k, p in zip(keys, leaves, strict=True)
-    ],
-  )
 
 
 def global_top_k(leaves, k):
@@ -222,7 +201,7 @@ def test_bad_arguments_raise():
 def test_round_trip_mixed_dtypes(plan, order):
   # `none` on one device is the identity: what comes out is what went in.
   tx = layerfusion(gradcomp.none(), plan, order=order)
-  grads = grads_like(PARAMS)
+  grads = harness.grads_like(PARAMS)
   state = tx.init(PARAMS)
   assert isinstance(state, LayerFusionState)
   updates, new_state = jax.jit(tx.update)(grads, state)
@@ -251,7 +230,7 @@ def test_fused_buffers_are_float32_in_plan_order():
   # Tree order: conv, dense/bias, dense/kernel, scale, vector.
   plan = Plan.from_boundaries((4, 2, 0, 3, 1), (1, 3))  # vector | kernel, conv | ...
   layerfusion(inner, plan).update(
-    grads_like(PARAMS), layerfusion(inner, plan).init(PARAMS)
+    harness.grads_like(PARAMS), layerfusion(inner, plan).init(PARAMS)
   )
   assert seen[0] == (
     ((50,), jnp.float32),
@@ -266,7 +245,7 @@ def test_layerwise_is_inner_on_one_device(name):
   fused = layerfusion(inner, "layerwise")
   s_inner, s_fused = inner.init(PARAMS), fused.init(PARAMS)
   for step in range(3):  # error feedback carries residuals across steps
-    grads = grads_like(PARAMS, seed=step)
+    grads = harness.grads_like(PARAMS, seed=step)
     u_inner, s_inner = inner.update(grads, s_inner)
     u_fused, s_fused = fused.update(grads, s_fused)
     chex.assert_trees_all_equal(u_fused, u_inner)
@@ -299,7 +278,7 @@ def test_layerwise_is_inner_on_eight_workers(name):
 
 
 def test_single_is_global_top_k():
-  grads = grads_like({k: jnp.zeros(s) for k, s in SHAPES.items()}, seed=3)
+  grads = harness.grads_like({k: jnp.zeros(s) for k, s in SHAPES.items()}, seed=3)
   leaves, treedef = jax.tree.flatten(grads)
   d = sum(x.size for x in leaves)  # 188
   tx = layerfusion(gradcomp.topk(0.1), "single")
