@@ -35,14 +35,18 @@ def derive(key: jax.Array, index) -> jax.Array:
   return fmix32(fmix32(key.astype(jnp.uint32) ^ salt) + salt)
 
 
+def hash_bits_at(key: jax.Array, counter: jax.Array) -> jax.Array:
+  """Word ``counter`` of the stream of ``key``: ``hash_bits(key, ...)[counter]``."""
+  seed = key.astype(jnp.uint32)
+  return fmix32(fmix32(counter.astype(jnp.uint32) ^ seed[0]) + seed[1])
+
+
 def hash_bits(key: jax.Array, shape) -> jax.Array:
   """uint32 words, one per element of ``shape``, from a raw uint32[2] ``key``."""
-  seed = key.astype(jnp.uint32)
   size = 1
   for s in shape:
     size *= s
-  counter = jnp.arange(size, dtype=jnp.uint32)
-  return fmix32(fmix32(counter ^ seed[0]) + seed[1]).reshape(shape)
+  return hash_bits_at(key, jnp.arange(size, dtype=jnp.uint32)).reshape(shape)
 
 
 def hash_below(key: jax.Array, shape, bound: int) -> jax.Array:
@@ -50,7 +54,11 @@ def hash_below(key: jax.Array, shape, bound: int) -> jax.Array:
   return (hash_bits(key, shape) % jnp.uint32(bound)).astype(jnp.int32)
 
 
+def to_uniform(bits: jax.Array) -> jax.Array:
+  """float32 uniforms in [0, 1) from the top 24 bits of uint32 words."""
+  return (bits >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
+
+
 def hash_uniform(key: jax.Array, shape) -> jax.Array:
   """float32 uniforms in [0, 1) with 24 random bits each."""
-  bits = hash_bits(key, shape) >> 8
-  return bits.astype(jnp.float32) * jnp.float32(2.0**-24)
+  return to_uniform(hash_bits(key, shape))

@@ -64,9 +64,7 @@ def randomk(
     flat = x.reshape(-1)
     size = flat.shape[0]
     indices = shared_indices(key, size, checks.keep_count(ratio, size))
-    n = exchange.num_workers(axis_name)
-    values = exchange.all_reduce_sum(flat[indices], axis_name) / n
-    mean = jnp.zeros((size,), jnp.float32).at[indices].set(values)
+    mean = sparse.all_reduce_mean_at(flat, indices, axis_name)
     return mean.reshape(x.shape), sparse.zero_at(x, indices), state
 
   codec = LeafCodec(stateless_init, apply)

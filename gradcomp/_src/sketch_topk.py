@@ -130,9 +130,7 @@ def sketch_topk(
     )
     indices = heavymix(summed, d, k, key, seed, random_fill)
     # Round 2: exact values at the chosen coordinates (index d is padding).
-    local = flat.at[indices].get(mode="fill", fill_value=0.0)
-    values = exchange.all_reduce_sum(local, axis_name) / exchange.num_workers(axis_name)
-    mean = jnp.zeros((d,), jnp.float32).at[indices].set(values, mode="drop")
+    mean = sparse.all_reduce_mean_at(flat, indices, axis_name)
     return mean.reshape(x.shape), sparse.zero_at(x, indices), state
 
   codec = LeafCodec(stateless_init, apply)
@@ -168,7 +166,9 @@ def heavymix(table, d: int, k: int, key, seed: int, random_fill: bool = True):
   def priority(est, index):
     square = est * est
     heavy = (square * k >= l2) & (square > 0)
-    return jnp.where(heavy, 1.0 + square * scale, _uniform_at(key, index))
+    return jnp.where(
+      heavy, 1.0 + square * scale, hashing.to_uniform(hashing.hash_bits_at(key, index))
+    )
 
   # Priorities are computed in the estimation pass and materialized once; the
   # top-k reads them several times.
@@ -178,11 +178,3 @@ def heavymix(table, d: int, k: int, key, seed: int, random_fill: bool = True):
   if not random_fill:
     indices = jnp.where(chosen >= 1.0, indices, d)
   return indices
-
-
-def _uniform_at(key, index):
-  """``hashing.hash_uniform(key, (d,))[index]``, computed for the given indices."""
-  seed = key.astype(jnp.uint32)
-  counter = index.astype(jnp.uint32)
-  bits = hashing.fmix32(hashing.fmix32(counter ^ seed[0]) + seed[1]) >> 8
-  return bits.astype(jnp.float32) * jnp.float32(2.0**-24)

@@ -8,6 +8,7 @@ shares its indices and all-reduces the values instead (``randomk.py``).
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from gradcomp._src import exchange
 
@@ -22,6 +23,20 @@ def gather_mean(
   n = exchange.num_workers(axis_name)
   all_values, all_indices = exchange.all_gather((values, indices), axis_name)
   return exchange.scatter_mean(all_values, all_indices, size, n)
+
+
+def all_reduce_mean_at(
+  flat: jax.Array, indices: jax.Array, axis_name: exchange.AxisName
+) -> jax.Array:
+  """Dense flat mean over workers of ``flat`` at ``indices`` shared by all workers.
+
+  The indices are the same on every worker, so only the ``k`` values cross
+  the wire (all-reduce). Index ``flat.size`` marks an empty slot (dropped).
+  """
+  size = flat.shape[0]
+  local = flat.at[indices].get(mode="fill", fill_value=0.0)
+  values = exchange.all_reduce_sum(local, axis_name) / exchange.num_workers(axis_name)
+  return jnp.zeros((size,), jnp.float32).at[indices].set(values, mode="drop")
 
 
 def zero_at(x: jax.Array, indices: jax.Array) -> jax.Array:
