@@ -26,7 +26,7 @@ def _compress(args: argparse.Namespace) -> None:
 
 
 def _sketch(args: argparse.Namespace) -> None:
-  sketch.run(repeats=args.repeats, out_dir=args.out)
+  sketch.run(repeats=args.repeats, out_dir=args.out, model=args.model)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -48,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   s = suites.add_parser(
     "sketch", help="Count Sketch / sketch_topk stages: time and peak memory"
   )
+  s.add_argument("--model", default="resnet50", choices=sorted(shapes.MODELS))
   s.add_argument("--repeats", type=int, default=7, help="timed calls (median)")
   s.add_argument("--out", default="bench_out/", help="directory for sketch.json")
   s.set_defaults(func=_sketch)

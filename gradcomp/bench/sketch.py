@@ -1,6 +1,6 @@
 """Count Sketch and Sketch-Fusion SGD on the ResNet-50 gradient, stage by stage.
 
-``python -m gradcomp.bench sketch``: on one fused buffer of the ResNet-50
+``python -m gradcomp.bench sketch [--model NAME]``: on one fused buffer of the ResNet-50
 gradient (25,557,032 float32) with ``sketch_topk``'s default sketch for ratio
 0.01 (5 rows, ``ceil(4.75 k / 5)`` columns), times, each as its own compiled
 program, (1) sketching, (2) sketching + estimate-all + the norm estimate, (3)
@@ -39,10 +39,7 @@ def _peak_bytes(compiled) -> int:
   )
 
 
-def _stage(name, fn, args, repeats, grad_bytes, donate=()) -> dict[str, Any]:
-  jitted = jax.jit(fn, donate_argnums=donate)
-  peak = _peak_bytes(jitted.lower(*args).compile())
-  t = timing.time_calls(jitted, *args, repeats=repeats)
+def _row(name: str, t: timing.Timing, peak: int, grad_bytes: int) -> dict[str, Any]:
   return {
     "stage": name,
     "median_ms": t.median_ms,
@@ -52,8 +49,16 @@ def _stage(name, fn, args, repeats, grad_bytes, donate=()) -> dict[str, Any]:
   }
 
 
-def run(repeats: int = 7, out_dir: str = "bench_out", log=sys.stderr) -> dict:
-  shape_list = shapes.resnet50_shapes()
+def _stage(name, fn, args, repeats, grad_bytes) -> dict[str, Any]:
+  jitted = jax.jit(fn)
+  peak = _peak_bytes(jitted.lower(*args).compile())
+  return _row(name, timing.time_calls(jitted, *args, repeats=repeats), peak, grad_bytes)
+
+
+def run(
+  repeats: int = 7, out_dir: str = "bench_out", model: str = "resnet50", log=sys.stderr
+) -> dict:
+  shape_list = shapes.MODELS[model]()
   tree = shapes.make_tree(shape_list)
   x = jnp.concatenate([v.reshape(-1) for v in tree.values()])
   d = x.shape[0]
@@ -95,16 +100,11 @@ def run(repeats: int = 7, out_dir: str = "bench_out", log=sys.stderr) -> dict:
 
   t = timing.time_calls(step, repeats=repeats)
   rows.append(
-    {
-      "stage": "sketch_topk update (EF, 2 rounds, dense output)",
-      "median_ms": t.median_ms,
-      "min_ms": t.min_ms,
-      "peak_bytes": peak,
-      "peak_over_gradient": peak / grad_bytes,
-    }
+    _row("sketch_topk update (EF, 2 rounds, dense output)", t, peak, grad_bytes)
   )
   result = {
     "suite": "sketch",
+    "model": model,
     "d": d,
     "k": k,
     "rows": ROWS,
