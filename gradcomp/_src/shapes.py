@@ -15,6 +15,10 @@ Conventions:
   ``(in, out)``, an embedding ``(vocab, features)``.
 * **Trainable parameters only**: BatchNorm contributes its scale and bias, never its
   running mean / variance (those are not gradients).
+* **Forward FLOPs per tensor**: :func:`forward_flops` attributes each tensor the
+  forward FLOPs per sample of the op that uses it, from the same walk (with the
+  spatial sizes of the real architectures), so a cost model can split a backward time
+  across tensors in proportion to their compute.
 
 The models are the ones of paper 000 §5 (Table 3): ResNet-20 and VGG-16 on CIFAR-10,
 ResNet-50 on ImageNet, a 2-layer LSTM on PTB.
@@ -39,16 +43,75 @@ VGG16_NUM_PARAMS = 14_728_266  # CIFAR VGG-16 with conv bias + BN, Linear(512, 1
 LSTM_PTB_NUM_PARAMS = 19_780_400  # 2x650 LSTM, vocab 10k, untied decoder
 
 
-def _conv(name: str, k: int, cin: int, cout: int) -> tuple[str, Shape]:
-  return (f"{name}/kernel", (k, k, cin, cout))
+#: Input geometry behind :func:`forward_flops`: ImageNet crops for ResNet-50, CIFAR
+#: images for ResNet-20 / VGG-16, and Zaremba et al.'s BPTT length for the LSTM.
+IMAGENET_INPUT_SIZE = 224
+CIFAR_INPUT_SIZE = 32
+PTB_SEQ_LEN = 35
+
+# (name, shape, forward FLOPs per sample): what the builders below produce; the public
+# ``*_shapes()`` drop the FLOPs, :func:`forward_flops` keeps only them.
+Entry = tuple[str, Shape, int]
 
 
-def _bn(name: str, c: int) -> ShapeList:
-  return [(f"{name}/scale", (c,)), (f"{name}/bias", (c,))]
+def _out(hw: int, k: int, stride: int = 1) -> int:
+  """Output size of a k x k window with "same" padding ``k // 2`` and ``stride``."""
+  return (hw + 2 * (k // 2) - k) // stride + 1
 
 
-def _dense(name: str, din: int, dout: int) -> ShapeList:
-  return [(f"{name}/kernel", (din, dout)), (f"{name}/bias", (dout,))]
+def _conv(name: str, k: int, cin: int, cout: int, hw: int) -> Entry:
+  """Conv kernel producing an ``hw x hw`` output: one multiply-add per weight and pixel."""
+  return (f"{name}/kernel", (k, k, cin, cout), 2 * k * k * cin * cout * hw * hw)
+
+
+def _bias(name: str, c: int, hw: int) -> Entry:
+  return (f"{name}/bias", (c,), c * hw * hw)
+
+
+def _bn(name: str, c: int, hw: int) -> list[Entry]:
+  return [(f"{name}/scale", (c,), c * hw * hw), _bias(name, c, hw)]
+
+
+def _dense(name: str, din: int, dout: int, rows: int = 1) -> list[Entry]:
+  """Dense layer applied to ``rows`` vectors per sample (the tokens of a sequence)."""
+  return [
+    (f"{name}/kernel", (din, dout), 2 * din * dout * rows),
+    (f"{name}/bias", (dout,), dout * rows),
+  ]
+
+
+def _pairs(entries: list[Entry]) -> ShapeList:
+  return [(name, shape) for name, shape, _ in entries]
+
+
+def _resnet50() -> list[Entry]:
+  hw = _out(IMAGENET_INPUT_SIZE, 7, 2)  # 7x7 stride-2 stem: 112
+  entries = [_conv("conv1", 7, 3, 64, hw), *_bn("bn1", 64, hw)]
+  hw = _out(hw, 3, 2)  # 3x3 stride-2 max-pool: 56
+  cin = 64
+  for stage, (blocks, width) in enumerate(
+    zip((3, 4, 6, 3), (64, 128, 256, 512), strict=True), 1
+  ):
+    cout = 4 * width
+    for b in range(blocks):
+      p = f"layer{stage}/{b}"
+      # v1.5: the stride sits on the 3x3 conv2 (and the shortcut), so conv1 still
+      # runs at the input resolution.
+      hw_out = _out(hw, 3, 2 if b == 0 and stage > 1 else 1)
+      entries += [_conv(f"{p}/conv1", 1, cin, width, hw), *_bn(f"{p}/bn1", width, hw)]
+      entries += [
+        _conv(f"{p}/conv2", 3, width, width, hw_out),
+        *_bn(f"{p}/bn2", width, hw_out),
+      ]
+      entries += [
+        _conv(f"{p}/conv3", 1, width, cout, hw_out),
+        *_bn(f"{p}/bn3", cout, hw_out),
+      ]
+      if b == 0:  # projection shortcut: channel count (and stride) change
+        entries += [_conv(f"{p}/downsample/conv", 1, cin, cout, hw_out)]
+        entries += _bn(f"{p}/downsample/bn", cout, hw_out)
+      cin, hw = cout, hw_out
+  return entries + _dense("fc", cin, 1000)  # on the globally pooled 1x1x2048
 
 
 def resnet50_shapes() -> ShapeList:
@@ -65,23 +128,24 @@ def resnet50_shapes() -> ShapeList:
   References:
     He et al., *Deep Residual Learning for Image Recognition*, CVPR 2016, Table 1.
   """
-  shapes: ShapeList = [_conv("conv1", 7, 3, 64), *_bn("bn1", 64)]
-  cin = 64
-  for stage, (blocks, width) in enumerate(
-    zip((3, 4, 6, 3), (64, 128, 256, 512), strict=True), 1
-  ):
-    cout = 4 * width
-    for b in range(blocks):
+  return _pairs(_resnet50())
+
+
+def _resnet20() -> list[Entry]:
+  hw = CIFAR_INPUT_SIZE
+  entries = [_conv("conv1", 3, 3, 16, hw), *_bn("bn1", 16, hw)]
+  cin = 16
+  for stage, width in enumerate((16, 32, 64), 1):
+    for b in range(3):
       p = f"layer{stage}/{b}"
-      shapes += [_conv(f"{p}/conv1", 1, cin, width), *_bn(f"{p}/bn1", width)]
-      shapes += [_conv(f"{p}/conv2", 3, width, width), *_bn(f"{p}/bn2", width)]
-      shapes += [_conv(f"{p}/conv3", 1, width, cout), *_bn(f"{p}/bn3", cout)]
-      if b == 0:  # projection shortcut: channel count (and stride) change
-        shapes += [_conv(f"{p}/downsample/conv", 1, cin, cout)]
-        shapes += _bn(f"{p}/downsample/bn", cout)
-      cin = cout
-  shapes += _dense("fc", cin, 1000)
-  return shapes
+      hw = _out(hw, 3, 2 if b == 0 and stage > 1 else 1)  # 32 / 16 / 8
+      entries += [_conv(f"{p}/conv1", 3, cin, width, hw), *_bn(f"{p}/bn1", width, hw)]
+      entries += [
+        _conv(f"{p}/conv2", 3, width, width, hw),
+        *_bn(f"{p}/bn2", width, hw),
+      ]
+      cin = width
+  return entries + _dense("fc", cin, 10)  # on the globally pooled 1x1x64
 
 
 def resnet20_shapes() -> ShapeList:
@@ -99,16 +163,7 @@ def resnet20_shapes() -> ShapeList:
   References:
     He et al., *Deep Residual Learning for Image Recognition*, CVPR 2016, §4.2.
   """
-  shapes: ShapeList = [_conv("conv1", 3, 3, 16), *_bn("bn1", 16)]
-  cin = 16
-  for stage, width in enumerate((16, 32, 64), 1):
-    for b in range(3):
-      p = f"layer{stage}/{b}"
-      shapes += [_conv(f"{p}/conv1", 3, cin, width), *_bn(f"{p}/bn1", width)]
-      shapes += [_conv(f"{p}/conv2", 3, width, width), *_bn(f"{p}/bn2", width)]
-      cin = width
-  shapes += _dense("fc", cin, 10)
-  return shapes
+  return _pairs(_resnet20())
 
 
 #: VGG-16 feature configuration ("D" of Simonyan & Zisserman); "M" is a 2x2 max-pool.
@@ -116,6 +171,21 @@ VGG16_CFG: tuple[int | str, ...] = (
     64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
     512, 512, 512, "M", 512, 512, 512, "M",
 )  # fmt: skip
+
+
+def _vgg16() -> list[Entry]:
+  entries: list[Entry] = []
+  cin, hw = 3, CIFAR_INPUT_SIZE
+  i = 0
+  for v in VGG16_CFG:
+    if v == "M":
+      hw //= 2  # 2x2 stride-2 max-pool
+      continue
+    entries += [_conv(f"conv{i}", 3, cin, v, hw), _bias(f"conv{i}", v, hw)]
+    entries += _bn(f"bn{i}", v, hw)
+    cin = v
+    i += 1
+  return entries + _dense("classifier", cin, 10)  # on the 1x1x512 left by 5 pools
 
 
 def vgg16_shapes() -> ShapeList:
@@ -134,18 +204,32 @@ def vgg16_shapes() -> ShapeList:
     Simonyan & Zisserman, *Very Deep Convolutional Networks for Large-Scale Image
     Recognition*, ICLR 2015, Table 1 (configuration D).
   """
-  shapes: ShapeList = []
-  cin = 3
-  i = 0
-  for v in VGG16_CFG:
-    if v == "M":
-      continue
-    shapes += [_conv(f"conv{i}", 3, cin, v), (f"conv{i}/bias", (v,))]
-    shapes += _bn(f"bn{i}", v)
-    cin = v
-    i += 1
-  shapes += _dense("classifier", cin, 10)
-  return shapes
+  return _pairs(_vgg16())
+
+
+def _lstm_ptb(
+  vocab: int = 10_000,
+  hidden: int = 650,
+  embed: int = 650,
+  layers: int = 2,
+  seq_len: int = PTB_SEQ_LEN,
+) -> list[Entry]:
+  if seq_len < 1:
+    raise ValueError(f"seq_len must be positive, got {seq_len}")
+  # Every op runs once per token; the embedding is a lookup, one op per output value.
+  entries: list[Entry] = [("embedding", (vocab, embed), embed * seq_len)]
+  din = embed
+  for layer in range(layers):
+    p = f"lstm{layer}"
+    g = 4 * hidden  # the i, f, g, o gates side by side
+    entries += [
+      (f"{p}/kernel_ih", (din, g), 2 * din * g * seq_len),
+      (f"{p}/kernel_hh", (hidden, g), 2 * hidden * g * seq_len),
+      (f"{p}/bias_ih", (g,), g * seq_len),
+      (f"{p}/bias_hh", (g,), g * seq_len),
+    ]
+    din = hidden
+  return entries + _dense("decoder", din, vocab, rows=seq_len)
 
 
 def lstm_ptb_shapes(
@@ -171,18 +255,7 @@ def lstm_ptb_shapes(
   References:
     Zaremba, Sutskever & Vinyals, *Recurrent Neural Network Regularization*, 2014, §4.1.
   """
-  shapes: ShapeList = [("embedding", (vocab, embed))]
-  din = embed
-  for layer in range(layers):
-    p = f"lstm{layer}"
-    shapes += [
-      (f"{p}/kernel_ih", (din, 4 * hidden)),
-      (f"{p}/kernel_hh", (hidden, 4 * hidden)),
-    ]
-    shapes += [(f"{p}/bias_ih", (4 * hidden,)), (f"{p}/bias_hh", (4 * hidden,))]
-    din = hidden
-  shapes += _dense("decoder", din, vocab)
-  return shapes
+  return _pairs(_lstm_ptb(vocab, hidden, embed, layers))
 
 
 MODELS = {
@@ -191,6 +264,58 @@ MODELS = {
   "vgg16": vgg16_shapes,
   "lstm_ptb": lstm_ptb_shapes,
 }
+
+# The triple builders behind MODELS; ``_lstm_ptb`` also takes ``seq_len``.
+_ENTRIES = {
+  "resnet50": _resnet50,
+  "resnet20": _resnet20,
+  "vgg16": _vgg16,
+  "lstm_ptb": _lstm_ptb,
+}
+
+
+def forward_flops(model: str, **kwargs) -> list[float]:
+  """Forward FLOPs per sample attributed to each parameter tensor of ``model``.
+
+  Derived from the same architecture walk as ``MODELS[model]``, so entry ``i`` belongs
+  to the tensor ``MODELS[model](**kwargs)[i]``. A cost model can split a measured or
+  assumed backward time across the tensors in proportion to these numbers.
+
+  Conventions (one multiply-add = 2 FLOPs; ``Hout x Wout`` is the op's output size):
+
+  * Conv kernel ``(kh, kw, cin, cout)``: ``2 * kh * kw * cin * cout * Hout * Wout``.
+  * Conv bias, BatchNorm scale, BatchNorm bias: ``cout * Hout * Wout`` each (one op
+    per output element).
+  * Dense kernel ``(din, dout)``: ``2 * din * dout``; dense bias: ``dout``.
+  * LSTM, per sample of ``seq_len`` tokens (everything runs once per token):
+    ``kernel_ih`` ``2 * din * 4h * seq_len``, ``kernel_hh`` ``2 * h * 4h * seq_len``,
+    each bias ``4h * seq_len``, embedding ``embed * seq_len`` (a lookup: one op per
+    output element), decoder kernel ``2 * h * vocab * seq_len``, decoder bias
+    ``vocab * seq_len``.
+
+  Input geometry and spatial sizes follow the real architectures: ResNet-50 on
+  :data:`IMAGENET_INPUT_SIZE` (torchvision v1.5: 7x7 stride-2 stem to 112, max-pool to
+  56, stages at 56 / 28 / 14 / 7 with the stride on conv2 of each stage's first block
+  and on its downsample conv); ResNet-20 on :data:`CIFAR_INPUT_SIZE` (32 / 16 / 8,
+  first conv of stages 2 and 3 strided); VGG-16 on :data:`CIFAR_INPUT_SIZE` (convs at
+  32, 32 | 16, 16 | 8, 8, 8 | 4, 4, 4 | 2, 2, 2); classifiers act on the pooled 1x1
+  features. Activations, pooling, residual adds and the LSTM's gate nonlinearities and
+  elementwise products are attributed to no tensor.
+
+  Args:
+    model: a key of :data:`MODELS`.
+    **kwargs: passed to the model's builder; ``"lstm_ptb"`` takes those of
+      :func:`lstm_ptb_shapes` plus ``seq_len`` (default :data:`PTB_SEQ_LEN`).
+
+  Returns:
+    One FLOP count per parameter tensor, in the order of ``MODELS[model](**kwargs)``.
+
+  Raises:
+    ValueError: if ``model`` is not a key of :data:`MODELS`.
+  """
+  if model not in _ENTRIES:
+    raise ValueError(f"unknown model {model!r}; valid models: {sorted(_ENTRIES)}")
+  return [float(flops) for _, _, flops in _ENTRIES[model](**kwargs)]
 
 
 def total_size(shapes: Sequence[tuple[str, Shape]]) -> int:
