@@ -15,8 +15,8 @@ run: $(STAMP)
 	$(PY) -m gradcomp.demo
 
 test: $(STAMP)
-	$(PY) -m ruff format --check gradcomp tests
-	$(PY) -m ruff check gradcomp tests
+	$(PY) -m ruff format --check gradcomp tests train
+	$(PY) -m ruff check gradcomp tests train
 	$(PY) -m pytest -q tests
 
 # Benchmarks use jemalloc when the system has it (apt-get install libjemalloc2):
