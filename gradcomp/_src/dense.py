@@ -11,8 +11,10 @@ import optax
 
 from gradcomp._src import exchange
 from gradcomp._src.base import LeafCodec, leafwise, stateless_init
+from gradcomp._src.spec import recorded
 
 
+@recorded
 def none(axis_name: exchange.AxisName = None) -> optax.GradientTransformation:
   """Dense float32 mean over workers: the baseline every compressor is measured against.
 
@@ -40,6 +42,7 @@ def none(axis_name: exchange.AxisName = None) -> optax.GradientTransformation:
   return leafwise(LeafCodec(stateless_init, apply))
 
 
+@recorded
 def fp16(
   axis_name: exchange.AxisName = None, dtype=jnp.float16
 ) -> optax.GradientTransformation:

@@ -21,6 +21,7 @@ from gradcomp._src import checks, exchange, sparse
 from gradcomp._src.base import LeafCodec, leafwise
 from gradcomp._src.memory import all_finite
 from gradcomp._src.selection import threshold_top_k
+from gradcomp._src.spec import recorded
 
 MIN_SAMPLE = 1024
 
@@ -110,6 +111,7 @@ def dgc_codec(
   return LeafCodec(init, apply)
 
 
+@recorded
 def dgc(
   ratio: float,
   *,

@@ -7,19 +7,28 @@ the model into ``y`` groups and compresses each group's fused gradient in one
 call. Shaped like ``optax.flatten(inner)`` and ``optax.partition``: the wrapper
 concatenates the leaves of each group of a :class:`~gradcomp._src.fusion_plan.Plan`
 into one buffer, hands ``inner`` the tuple of buffers, and splits the result
-back. Choosing the plan by the cost model of §4.3 (eq. 7, ``plan="auto"``) is
-issue 4, part 2. DESIGN §2.
+back. ``plan="auto"`` chooses the groups by the cost model of §4.3 (eq. 7):
+a measured profile of ``inner`` (``profile.py``), a described cluster
+(``cluster.py``), the wait-free-backprop timeline (``timeline.py``) and the
+search (``fusion_search.py``). DESIGN §2.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from gradcomp._src import fusion_search
+from gradcomp._src import profile as profile_lib
+from gradcomp._src.cluster import Cluster
 from gradcomp._src.fusion_plan import Plan, check_order
+from gradcomp._src.spec import spec_of
+from gradcomp._src.timeline import CostModel, Workload
 
 PLAN_NAMES = ("layerwise", "single", "auto")
 
@@ -67,11 +76,45 @@ def _split(buffers, plan: Plan, like) -> list:
   return leaves
 
 
+def auto_plan(
+  sizes: Sequence[int],
+  order: Sequence[int],
+  profile: profile_lib.Profile,
+  cluster: Cluster,
+  backward_seconds: float | Sequence[float] = 0.0,
+  method: str = "heuristic",
+) -> Plan:
+  """The plan minimising eq. 7 for leaves of ``sizes`` (in tree order).
+
+  Args:
+    sizes: values per leaf, indexed like ``jax.tree.leaves``.
+    order: the gradient-ready order of the leaves.
+    profile: the compressor's measured profile.
+    cluster: the cluster to plan for.
+    backward_seconds: the backward pass of one step: a total, split over the
+      leaves in proportion to their size, or one time per leaf in ``order``.
+    method: a :data:`fusion_search.METHODS` entry.
+  """
+  ordered = [max(int(sizes[i]), 1) for i in order]  # an empty leaf costs a call
+  if np.ndim(backward_seconds) == 0:
+    workload = Workload.from_weights(
+      ordered, ordered, float(backward_seconds), forward_seconds=0.0
+    )
+  else:
+    workload = Workload(tuple(ordered), tuple(backward_seconds))
+  model = CostModel(profile, cluster, workload)
+  return fusion_search.search_plan(model, order, method)
+
+
 def layerfusion(
   inner: optax.GradientTransformation,
   plan: str | Plan = "auto",
   *,
   order=None,
+  cluster: Cluster | None = None,
+  profile: profile_lib.Profile | None = None,
+  backward_seconds: float | Sequence[float] = 0.0,
+  search: str = "heuristic",
 ) -> optax.GradientTransformation:
   """Applies ``inner`` to fused buffers, one per group of leaves.
 
@@ -105,23 +148,39 @@ def layerfusion(
   Args:
     inner: the transformation (usually a gradcomp compressor) applied to the
       tuple of fused buffers.
-    plan: ``"layerwise"`` (one group per leaf, paper 000 §3.2),
-      ``"single"`` (all leaves in one buffer: e.g. a global top-k across
-      layers), or an explicit :class:`Plan`. ``"auto"``, the default (the eq. 7
-      search of §4.3), is not implemented yet and raises; pass a plan.
+    plan: ``"auto"`` (the default: the plan minimising eq. 7 of §4.3 under
+      the cost model below), ``"layerwise"`` (one group per leaf, paper 000
+      §3.2), ``"single"`` (all leaves in one buffer: e.g. a global top-k
+      across layers), or an explicit :class:`Plan`.
     order: the gradient-ready order of the leaves (a permutation of their
       indices, e.g. from :func:`gradient_order`), used to build the
       ``"layerwise"`` and ``"single"`` plans; default: tree order. With a
       :class:`Plan`, the plan's own order is used and ``order``, if given,
       must agree with it. The buffers are passed to ``inner`` in this order,
       so a compressor's per-leaf PRNG streams follow the groups.
+    cluster: for ``"auto"``: the cluster to plan for; default
+      ``Cluster(workers=jax.device_count())`` (20 Gbps, 25 us: paper 000 §5's
+      Ethernet), the same in ``init`` and inside the step.
+    profile: for ``"auto"``: ``inner``'s measured :class:`Profile`; default:
+      measured on this backend when the factory is called, once per process
+      and compressor (``gradcomp.profile(inner)``, seconds to a minute).
+    backward_seconds: for ``"auto"``: the step's backward time, a total split
+      over the leaves in proportion to their size, or one time per leaf in
+      gradient-ready order. The default 0 plans without overlap (compression
+      and exchange after the backward pass).
+    search: for ``"auto"``: ``"heuristic"`` (§4.3) or ``"optimal"`` (DP).
+
+  The ``"auto"`` plan is computed from static shapes the first time a tree
+  structure is seen (in ``init``), so it works inside ``jit``, ``shard_map``
+  and ``pmap``; it is deterministic for a given profile.
 
   Returns:
     An ``optax.GradientTransformation`` with state :class:`LayerFusionState`.
 
   Raises:
-    NotImplementedError: for ``plan="auto"``.
-    ValueError: for an unknown plan name, a bad ``order``, an ``order`` the
+    ValueError: for an unknown plan name, a profile measured for another
+      compressor, an ``"auto"`` plan of a transformation gradcomp did not
+      build without a profile, a bad ``order``, an ``order`` the
       plan's groups are not contiguous in, or (at ``init`` / ``update``) a
       plan or order made for a different number of leaves.
 
@@ -139,11 +198,6 @@ def layerfusion(
   if order is not None:
     order = check_order(order)
   if isinstance(plan, str):
-    if plan == "auto":
-      raise NotImplementedError(
-        "plan='auto' needs the cost model (issue 4, part 2); "
-        "use 'layerwise', 'single' or a Plan"
-      )
     if plan not in PLAN_NAMES:
       raise ValueError(f"plan must be one of {PLAN_NAMES} or a Plan, got {plan!r}")
   elif isinstance(plan, Plan):
@@ -154,7 +208,17 @@ def layerfusion(
       f"plan must be one of {PLAN_NAMES} or a Plan, got {type(plan).__name__}"
     )
 
-  def resolve(num_leaves: int) -> Plan:
+  if search not in fusion_search.METHODS:
+    raise ValueError(f"search must be one of {fusion_search.METHODS}, got {search!r}")
+  if plan == "auto":
+    if profile is None:
+      profile = profile_lib.profile_for(inner)
+    elif spec_of(inner) is not None:
+      profile.check_for(inner)
+  auto_plans: dict[tuple[int, ...], Plan] = {}
+
+  def resolve(leaves) -> Plan:
+    num_leaves = len(leaves)
     if isinstance(plan, Plan):
       if plan.num_leaves != num_leaves:
         raise ValueError(
@@ -166,17 +230,29 @@ def layerfusion(
       raise ValueError(
         f"order lists {len(leaf_order)} leaves, the tree has {num_leaves}"
       )
-    return (
-      Plan.layerwise(leaf_order) if plan == "layerwise" else Plan.single(leaf_order)
-    )
+    if plan == "layerwise":
+      return Plan.layerwise(leaf_order)
+    if plan == "single":
+      return Plan.single(leaf_order)
+    sizes = tuple(int(np.prod(jnp.shape(x))) for x in leaves)
+    if sizes not in auto_plans:
+      auto_plans[sizes] = auto_plan(
+        sizes,
+        leaf_order,
+        profile,
+        cluster or Cluster(workers=jax.device_count()),
+        backward_seconds,
+        search,
+      )
+    return auto_plans[sizes]
 
   def init_fn(params):
     leaves = jax.tree.leaves(params)
-    return LayerFusionState(inner=inner.init(_fuse(leaves, resolve(len(leaves)))))
+    return LayerFusionState(inner=inner.init(_fuse(leaves, resolve(leaves))))
 
   def update_fn(updates, state, params=None):
     leaves, treedef = jax.tree.flatten(updates)
-    fusion = resolve(len(leaves))
+    fusion = resolve(leaves)
     fused_params = None
     if params is not None:
       fused_params = _fuse(treedef.flatten_up_to(params), fusion)

@@ -17,6 +17,7 @@ import optax
 from gradcomp._src import checks, exchange
 from gradcomp._src.base import LeafCodec, leafwise
 from gradcomp._src.memory import error_feedback
+from gradcomp._src.spec import recorded
 
 
 def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -79,6 +80,7 @@ def powersgd_codec(rank: int, axis_name: exchange.AxisName) -> LeafCodec:
   return LeafCodec(init, apply)
 
 
+@recorded
 def powersgd(
   rank: int = 4, *, seed: int = 0, axis_name: exchange.AxisName = None
 ) -> optax.GradientTransformation:

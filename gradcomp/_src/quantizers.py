@@ -15,8 +15,10 @@ import optax
 from gradcomp._src import bits, checks, exchange, hashing, memory
 from gradcomp._src.base import LeafCodec, leafwise, stateless_init
 from gradcomp._src.hashing import hash_uniform
+from gradcomp._src.spec import recorded
 
 
+@recorded
 def qsgd(
   levels: int = 4,
   *,
@@ -92,6 +94,7 @@ def qsgd(
   return leafwise(memory.maybe_error_feedback(codec, error_feedback), seed=seed)
 
 
+@recorded
 def terngrad(
   *, seed: int = 0, axis_name: exchange.AxisName = None
 ) -> optax.GradientTransformation:

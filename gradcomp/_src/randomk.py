@@ -14,6 +14,7 @@ import optax
 
 from gradcomp._src import checks, exchange, hashing, memory, sparse
 from gradcomp._src.base import LeafCodec, leafwise, stateless_init
+from gradcomp._src.spec import recorded
 
 
 def shared_indices(key: jax.Array, size: int, k: int) -> jax.Array:
@@ -32,6 +33,7 @@ def shared_indices(key: jax.Array, size: int, k: int) -> jax.Array:
   return (starts + offsets + shift) % size
 
 
+@recorded
 def randomk(
   ratio: float,
   *,

@@ -11,8 +11,10 @@ import optax
 from gradcomp._src import bits, exchange
 from gradcomp._src.base import LeafCodec, leafwise, stateless_init
 from gradcomp._src.memory import error_feedback
+from gradcomp._src.spec import recorded
 
 
+@recorded
 def signsgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransformation:
   """signSGD with majority vote: the output is ``sign(sum_w sign(g_w))``.
 
@@ -64,6 +66,7 @@ def scaled_sign_codec(axis_name: exchange.AxisName) -> LeafCodec:
   return LeafCodec(stateless_init, apply)
 
 
+@recorded
 def ef_signsgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransformation:
   """EF-signSGD: scaled sign of the error-corrected gradient, with error feedback.
 

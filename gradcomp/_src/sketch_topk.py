@@ -19,6 +19,7 @@ import optax
 from gradcomp._src import checks, count_sketch, exchange, hashing, memory, sparse
 from gradcomp._src.base import LeafCodec, leafwise, stateless_init
 from gradcomp._src.selection import top_k_magnitude
+from gradcomp._src.spec import recorded
 
 # Sketch floats per kept coordinate in the default sketch size; with the k
 # exact values of the second round a leaf sends (4.75 + 1) k floats, 5.75% of
@@ -31,6 +32,7 @@ def default_cols(k: int, rows: int) -> int:
   return max(1, math.ceil(_SKETCH_FLOATS_PER_K * k / rows))
 
 
+@recorded
 def sketch_topk(
   ratio: float,
   *,

@@ -13,8 +13,10 @@ import optax
 from gradcomp._src import bits, checks, exchange
 from gradcomp._src.base import LeafCodec, leafwise, stateless_init
 from gradcomp._src.memory import error_feedback
+from gradcomp._src.spec import recorded
 
 
+@recorded
 def threshold_quantize(
   threshold: float = 0.5, *, axis_name: exchange.AxisName = None
 ) -> optax.GradientTransformation:

@@ -11,8 +11,10 @@ import optax
 from gradcomp._src import checks, exchange, memory, sparse
 from gradcomp._src.base import LeafCodec, leafwise, stateless_init
 from gradcomp._src.selection import top_k_magnitude
+from gradcomp._src.spec import recorded
 
 
+@recorded
 def topk(
   ratio: float,
   *,

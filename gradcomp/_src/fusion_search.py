@@ -1,0 +1,221 @@
+"""Searching fusion plans that minimise eq. 7 (paper 000 §4.3).
+
+Three searches over contiguous partitions of the leaves (in gradient-ready
+order), all scored by a :class:`~gradcomp._src.timeline.CostModel`:
+
+* :func:`heuristic_search`, the paper's: grow the number of groups ``y`` one
+  at a time; ``X_y`` is ``X_{y-1}`` with one group split in two, the split
+  point of every group placed by binary search; stop when ``F(X_y)`` is worse
+  than ``F(X_{y-1})`` or better by less than ``eps * F(X_{y-1})``. Plus its
+  mirror image (merging from layer-wise), because growth alone stalls.
+* :func:`optimal_search`, the oracle: dynamic programming over prefixes
+  ``[0, i)``. The timeline's state after a prefix is two clocks (compute
+  ``K``, link ``L``) and the cost is monotone in both, so keeping, for every
+  prefix, the Pareto front of ``(K, L)`` over its partitions is exact.
+* :func:`brute_force_search`, over all ``2^(N-1)`` partitions, checks the DP
+  in tests (``N <= 12``).
+
+Each returns boundaries (starts of groups 2..y) and the predicted iteration
+time; :func:`search_plan` wraps them into a :class:`Plan`.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from gradcomp._src.fusion_plan import Plan
+from gradcomp._src.timeline import CostModel
+
+METHODS = ("heuristic", "optimal", "layerwise", "single")
+
+
+def _binary_search_splits(model: CostModel, boundaries: tuple[int, ...]):
+  """For every group of ``boundaries``, the best place to split it in two.
+
+  Binary search on the sign of ``F(p + 1) - F(p)`` over split positions ``p``
+  inside each group (exact when ``F`` is unimodal in ``p``); all groups are
+  searched together, one batched evaluation per halving.
+
+  Returns:
+    ``(candidates, seconds)``: one boundary tuple per splittable group and its
+    predicted time.
+  """
+  cuts = (0, *boundaries, model.num_leaves)
+  groups = [(s, e) for s, e in zip(cuts[:-1], cuts[1:], strict=True) if e - s > 1]
+  if not groups:
+    return [], np.array([])
+  lo = np.array([s + 1 for s, _ in groups])
+  hi = np.array([e - 1 for _, e in groups])
+  base = np.array(boundaries, np.int64)
+
+  def with_split(p):
+    rows = np.concatenate([np.broadcast_to(base, (len(p), len(base))), p[:, None]], 1)
+    return np.sort(rows, axis=1)
+
+  while np.any(lo < hi):
+    mid = (lo + hi) // 2
+    left = model.iteration_seconds(with_split(mid))
+    right = model.iteration_seconds(with_split(np.minimum(mid + 1, hi)))
+    go_right = (right < left) & (lo < hi)
+    stay = (~go_right) & (lo < hi)
+    lo = np.where(go_right, mid + 1, lo)
+    hi = np.where(stay, mid, hi)
+  rows = with_split(lo)
+  return [tuple(r.tolist()) for r in rows], model.iteration_seconds(rows)
+
+
+def _grow(model: CostModel, eps: float) -> tuple[tuple[int, ...], float]:
+  """Paper 000 §4.3: from one group, split one group per round (binary search)."""
+  best = ()
+  best_f = float(model.iteration_seconds(best)[0])
+  while len(best) + 1 < model.num_leaves:
+    candidates, seconds = _binary_search_splits(model, best)
+    i = int(np.argmin(seconds))
+    if not seconds[i] < best_f - eps * best_f:
+      if seconds[i] < best_f:
+        best, best_f = candidates[i], float(seconds[i])
+      break
+    best, best_f = candidates[i], float(seconds[i])
+  return best, best_f
+
+
+def _merge(model: CostModel) -> tuple[tuple[int, ...], float]:
+  """The mirror image: from layer-wise, merge the best adjacent pair per round."""
+  best = tuple(range(1, model.num_leaves))
+  best_f = float(model.iteration_seconds(best)[0])
+  while best:
+    rows = np.array([best[:j] + best[j + 1 :] for j in range(len(best))], np.int64)
+    seconds = model.iteration_seconds(rows.reshape(len(best), len(best) - 1))
+    i = int(np.argmin(seconds))
+    if not seconds[i] < best_f:
+      break
+    best, best_f = tuple(rows[i].tolist()), float(seconds[i])
+  return best, best_f
+
+
+def heuristic_search(
+  model: CostModel, eps: float = 1e-3
+) -> tuple[tuple[int, ...], float]:
+  """The §4.3 heuristic: grow ``y``, place each new boundary by binary search.
+
+  Starting from one group, each round splits every group at its
+  binary-searched best point and keeps the best split; it stops when
+  ``F(X_y)`` is worse than ``F(X_{y-1})`` or gains less than ``eps`` of it,
+  and keeps the better of the two (the paper returns ``X_y``; we never return
+  a plan worse than one seen).
+
+  Growing alone stalls where one split does not pay but many do: on
+  ResNet-50 with a 0.2 ms per-call cost the optimum fuses each BatchNorm
+  pair and keeps each conv kernel alone (about 60 groups), and growth from
+  one group stopped at 2, 7 % above the optimum. So the search also runs the
+  mirror image, merging from layer-wise the adjacent pair that lowers ``F``
+  most until none does, and returns the better plan. Both start from an
+  extreme, so the result is never worse than layer-wise or single. Each of
+  the ``O(N)`` rounds is one batched evaluation of ``O(N)`` candidates
+  (growth: ``O(log N)`` of them), a few ms for ResNet-50's 161 leaves.
+
+  Args:
+    model: the cost model.
+    eps: relative gain below which growing ``y`` stops, in [0, 1).
+
+  Returns:
+    ``(boundaries, predicted iteration seconds)``.
+  """
+  if not 0 <= eps < 1:
+    raise ValueError(f"eps must be in [0, 1), got {eps!r}")
+  grown = _grow(model, eps)
+  merged = _merge(model)
+  return grown if grown[1] <= merged[1] else merged
+
+
+def optimal_search(model: CostModel) -> tuple[tuple[int, ...], float]:
+  """The exact optimum of the timeline over contiguous partitions (the oracle).
+
+  For every prefix end ``i`` it keeps the partitions of ``[0, i)`` whose
+  clocks ``(K, L)`` no other partition beats in both; extending by a group
+  ``[i, k)`` maps ``(K, L)`` to ``(K + b(i, k) + Comp, max(K', L) + Comm)``,
+  monotone in both, so a dominated prefix never leads to the optimum.
+
+  Returns:
+    ``(boundaries, predicted iteration seconds)``.
+  """
+  n = model.num_leaves
+  start_clock = model.workload.forward_seconds
+  # fronts[i]: arrays K, L, parent prefix end, parent index in its front.
+  pending: list[list[tuple[np.ndarray, ...]]] = [[] for _ in range(n + 1)]
+  pending[0].append(
+    (np.array([start_clock]), np.array([0.0]), np.array([-1]), np.array([-1]))
+  )
+  fronts: list[tuple[np.ndarray, ...] | None] = [None] * (n + 1)
+  for i in range(n + 1):
+    k_, l_, parent, index = (
+      np.concatenate(parts) for parts in zip(*pending[i], strict=True)
+    )
+    order = np.lexsort((l_, k_))  # by K, then L
+    k_, l_, parent, index = k_[order], l_[order], parent[order], index[order]
+    keep = l_ < np.minimum.accumulate(np.concatenate([[np.inf], l_[:-1]]))
+    fronts[i] = (k_[keep], l_[keep], parent[keep], index[keep])
+    pending[i] = []
+    if i == n:
+      break
+    k_f, l_f = fronts[i][0], fronts[i][1]
+    ends = np.arange(i + 1, n + 1)
+    work = model.backward_before[ends] - model.backward_before[i]
+    k_new = k_f[:, None] + work[None, :] + model.comp[i, ends][None, :]
+    l_new = np.maximum(k_new, l_f[:, None]) + model.comm[i, ends][None, :]
+    members = np.arange(len(k_f))
+    for j, end in enumerate(ends):
+      pending[end].append((k_new[:, j], l_new[:, j], np.full(len(k_f), i), members))
+  k_n, l_n, parent, index = fronts[n]
+  best = int(np.argmin(l_n))
+  seconds = float(l_n[best]) + model.workload.update_seconds
+  cuts, at, member = [], int(parent[best]), int(index[best])
+  while at > 0:
+    cuts.append(at)
+    at, member = int(fronts[at][2][member]), int(fronts[at][3][member])
+  return tuple(reversed(cuts)), seconds
+
+
+def brute_force_search(model: CostModel) -> tuple[tuple[int, ...], float]:
+  """Every contiguous partition scored; for checking the others (``N <= 16``)."""
+  n = model.num_leaves
+  if n > 16:
+    raise ValueError(f"brute force over 2^{n - 1} partitions is too many (N <= 16)")
+  best, best_f = (), float(model.iteration_seconds(())[0])
+  for y in range(1, n):
+    rows = np.array(list(itertools.combinations(range(1, n), y)), np.int64)
+    seconds = model.iteration_seconds(rows)
+    i = int(np.argmin(seconds))
+    if seconds[i] < best_f:
+      best, best_f = tuple(rows[i].tolist()), float(seconds[i])
+  return best, best_f
+
+
+def search_plan(
+  model: CostModel, order, method: str = "heuristic", eps: float = 1e-3
+) -> Plan:
+  """The plan ``method`` chooses, over leaves in gradient-ready ``order``.
+
+  Args:
+    model: cost model whose workload lists the leaves in ``order``.
+    order: leaf indices in gradient-ready order.
+    method: ``"heuristic"`` (paper 000 §4.3), ``"optimal"`` (DP),
+      ``"layerwise"`` or ``"single"``.
+    eps: the heuristic's stopping tolerance.
+  """
+  order = tuple(order)
+  if len(order) != model.num_leaves:
+    raise ValueError(f"order has {len(order)} leaves, the model {model.num_leaves}")
+  if method == "heuristic":
+    boundaries, _ = heuristic_search(model, eps)
+  elif method == "optimal":
+    boundaries, _ = optimal_search(model)
+  elif method == "layerwise":
+    boundaries = tuple(range(1, len(order)))
+  elif method == "single":
+    boundaries = ()
+  else:
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+  return Plan.from_boundaries(order, boundaries)

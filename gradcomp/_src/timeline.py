@@ -1,0 +1,234 @@
+"""A wait-free-backprop timeline: iteration time of a compressor x fusion plan.
+
+Paper 000 §4.3, eq. 7: ``F(X_y) = sum Comp(x_i) + sum Comm(x_i) + beta - sum
+p(x_i)``, with ``beta`` the backward time and ``p(x_i)`` the part of group
+``i``'s exchange hidden behind backprop (WFBP, paper 004 §3). Rather than
+estimate ``p`` separately, the simulator plays the timeline out; eq. 7's
+terms are then read off it. The model's choices:
+
+* **Leaves become ready in gradient-ready order**, leaf ``j`` after its
+  backward time ``b_j``: the compute stream runs the forward pass, then the
+  backward of the leaves one after the other.
+* **Compression shares the compute stream** (as on one GPU, and as on a CPU
+  whose cores do both): when the last leaf of a group is ready, the group is
+  compressed *and* decompressed there, ``Comp(x_i)`` from a measured
+  :class:`~gradcomp._src.profile.Profile`, delaying the backward of the
+  following leaves. Eq. 7 likewise never hides ``Comp``.
+* **One exchange at a time on the link**, in group order: group ``i``'s
+  exchange starts when it is compressed and the link is free, and takes
+  ``Comm(x_i)`` (``cluster.py``).
+* The optimizer update follows the last exchange.
+
+With ``K_i`` the compute clock after group ``i`` is compressed and ``L_i``
+the time its exchange ends::
+
+  K_i = forward + sum_{j <= end_i} b_j + sum_{l <= i} Comp(x_l)
+  L_i = max(K_i, L_{i-1}) + Comm(x_i)
+  T   = L_y + update = max_i (K_i + sum_{l >= i} Comm(x_l)) + update
+
+The scaling factor (paper 000 eq. 1) compares ``n`` workers with one worker
+training alone (no compression, no exchange) at the same per-worker batch:
+``T_1 / T_n``, i.e. throughput on ``n`` workers over ``n`` times that on one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from gradcomp._src.cluster import Cluster
+from gradcomp._src.fusion_plan import Plan
+from gradcomp._src.profile import Profile
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """What one worker computes per step, leaf by leaf in gradient-ready order.
+
+  Attributes:
+    sizes: values per leaf.
+    backward_seconds: backward time that makes each leaf's gradient ready.
+    forward_seconds: the forward pass, before the first leaf.
+    update_seconds: the optimizer update, after the last exchange.
+  """
+
+  sizes: tuple[int, ...]
+  backward_seconds: tuple[float, ...]
+  forward_seconds: float = 0.0
+  update_seconds: float = 0.0
+
+  def __post_init__(self):
+    sizes = tuple(int(s) for s in self.sizes)
+    backward = tuple(float(b) for b in self.backward_seconds)
+    if not sizes or min(sizes) < 1:
+      raise ValueError(f"sizes must list at least one leaf, each >= 1 value: {sizes}")
+    if len(backward) != len(sizes):
+      raise ValueError(
+        f"backward_seconds has {len(backward)} entries for {len(sizes)} leaves"
+      )
+    for name, values in (
+      ("backward_seconds", backward),
+      ("forward_seconds", (self.forward_seconds,)),
+      ("update_seconds", (self.update_seconds,)),
+    ):
+      if not all(np.isfinite(values)) or min(values) < 0:
+        raise ValueError(f"{name} must be finite and >= 0, got {values}")
+    object.__setattr__(self, "sizes", sizes)
+    object.__setattr__(self, "backward_seconds", backward)
+
+  @classmethod
+  def from_weights(
+    cls,
+    sizes: Sequence[int],
+    weights: Sequence[float],
+    backward_seconds: float,
+    *,
+    forward_seconds: float | None = None,
+    update_seconds: float = 0.0,
+  ) -> Workload:
+    """A total backward time split over the leaves in proportion to ``weights``.
+
+    Weights are usually each leaf's FLOPs (``shapes.forward_flops``). The
+    forward pass defaults to half the backward (a backward computes gradients
+    for both the inputs and the weights: about twice the forward's FLOPs).
+    """
+    w = np.asarray(weights, np.float64)
+    if (
+      w.shape != (len(sizes),)
+      or not np.all(np.isfinite(w))
+      or w.min() < 0
+      or w.sum() <= 0
+    ):
+      raise ValueError("weights must be one finite value >= 0 per leaf, not all 0")
+    return cls(
+      sizes=tuple(sizes),
+      backward_seconds=tuple(backward_seconds * w / w.sum()),
+      forward_seconds=backward_seconds / 2
+      if forward_seconds is None
+      else forward_seconds,
+      update_seconds=update_seconds,
+    )
+
+  @property
+  def single_worker_seconds(self) -> float:
+    """``T_1``: one worker alone, no compression and no exchange."""
+    return self.forward_seconds + sum(self.backward_seconds) + self.update_seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+  """One simulated iteration (times in seconds from the start of the forward).
+
+  Attributes:
+    iteration_seconds: ``T_n``.
+    scaling_factor: ``T_1 / T_n`` (paper 000 eq. 1).
+    groups: per group ``(start, end)`` positions in gradient-ready order.
+    ready, compressed, comm_start, comm_end: per group.
+    comp_seconds, comm_seconds: per group ``Comp(x_i)`` and ``Comm(x_i)``.
+    backward_seconds: ``beta``.
+    overlap_seconds: ``sum p(x_i)``, exchange time hidden behind backprop.
+  """
+
+  iteration_seconds: float
+  scaling_factor: float
+  groups: tuple[tuple[int, int], ...]
+  ready: tuple[float, ...]
+  compressed: tuple[float, ...]
+  comm_start: tuple[float, ...]
+  comm_end: tuple[float, ...]
+  comp_seconds: tuple[float, ...]
+  comm_seconds: tuple[float, ...]
+  backward_seconds: float
+  overlap_seconds: float
+
+
+class CostModel:
+  """Eq. 7 for one compressor profile, cluster and workload.
+
+  Groups are runs ``[start, end)`` of leaf positions in gradient-ready order;
+  a partition is given by its boundaries (the starts of groups 2..y).
+  ``Comp`` and ``Comm`` of every possible group are tabulated once, so a
+  partition costs a handful of array operations and many partitions can be
+  evaluated at once (:meth:`iteration_seconds`).
+  """
+
+  def __init__(self, profile: Profile, cluster: Cluster, workload: Workload):
+    self.profile, self.cluster, self.workload = profile, cluster, workload
+    n = len(workload.sizes)
+    self.num_leaves = n
+    self.values_before = np.concatenate([[0], np.cumsum(workload.sizes)])
+    self.backward_before = np.concatenate([[0.0], np.cumsum(workload.backward_seconds)])
+    start, end = np.triu_indices(n + 1, k=1)
+    size = self.values_before[end] - self.values_before[start]
+    self.comp = np.full((n + 1, n + 1), np.inf)
+    self.comm = np.full((n + 1, n + 1), np.inf)
+    self.comp[start, end] = profile.comp_seconds(size, fused=(end - start) > 1)
+    self.comm[start, end] = cluster.comm_seconds(profile.wire(size))
+
+  def _bounds(self, boundaries) -> tuple[np.ndarray, np.ndarray]:
+    b = np.asarray(boundaries, np.int64)
+    b = b.reshape(b.shape[0], -1) if b.ndim == 2 else b.reshape(1, -1)
+    m = b.shape[0]
+    starts = np.concatenate([np.zeros((m, 1), np.int64), b], axis=1)
+    ends = np.concatenate([b, np.full((m, 1), self.num_leaves, np.int64)], axis=1)
+    return starts, ends
+
+  def iteration_seconds(self, boundaries) -> np.ndarray:
+    """``T_n`` of each partition; ``boundaries`` is ``(y-1,)`` or ``(M, y-1)``.
+
+    Returns an array of shape ``(M,)`` (``(1,)`` for one partition).
+    """
+    starts, ends = self._bounds(boundaries)
+    comp = self.comp[starts, ends]
+    comm = self.comm[starts, ends]
+    compressed = (
+      self.workload.forward_seconds
+      + self.backward_before[ends]
+      + np.cumsum(comp, axis=1)
+    )
+    comm_after = np.cumsum(comm[:, ::-1], axis=1)[:, ::-1]
+    return (compressed + comm_after).max(axis=1) + self.workload.update_seconds
+
+  def timeline(self, plan_or_boundaries) -> Timeline:
+    """The detailed timeline of one partition (a :class:`Plan` or boundaries)."""
+    boundaries = (
+      plan_or_boundaries.boundaries
+      if isinstance(plan_or_boundaries, Plan)
+      else tuple(plan_or_boundaries)
+    )
+    starts, ends = (a[0] for a in self._bounds(boundaries))
+    comp = self.comp[starts, ends]
+    comm = self.comm[starts, ends]
+    w = self.workload
+    ready = (
+      w.forward_seconds
+      + self.backward_before[ends]
+      + np.concatenate([[0.0], np.cumsum(comp)[:-1]])
+    )
+    compressed = ready + comp
+    comm_start, comm_end, link = [], [], 0.0
+    for i in range(len(starts)):
+      comm_start.append(max(compressed[i], link))
+      link = comm_start[-1] + comm[i]
+      comm_end.append(link)
+    backward_end = compressed[-1]
+    hidden = sum(
+      max(0.0, min(e, backward_end) - s)
+      for s, e in zip(comm_start, comm_end, strict=True)
+    )
+    total = link + w.update_seconds
+    return Timeline(
+      iteration_seconds=float(total),
+      scaling_factor=float(w.single_worker_seconds / total) if total > 0 else 1.0,
+      groups=tuple(zip(starts.tolist(), ends.tolist(), strict=True)),
+      ready=tuple(ready.tolist()),
+      compressed=tuple(compressed.tolist()),
+      comm_start=tuple(float(s) for s in comm_start),
+      comm_end=tuple(float(e) for e in comm_end),
+      comp_seconds=tuple(comp.tolist()),
+      comm_seconds=tuple(comm.tolist()),
+      backward_seconds=float(sum(w.backward_seconds)),
+      overlap_seconds=float(hidden),
+    )

@@ -1,0 +1,345 @@
+"""LayerFusion's planner: profiles, the alpha-beta model, the timeline and the search.
+
+Paper 000 §4.3 (eq. 7) and eq. 1. Closed forms for the cost model, an
+event-by-event replay for the vectorised timeline, brute force for the DP, the
+compiled HLO for the traced wire payloads.
+"""
+
+import itertools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import gradcomp
+from gradcomp._src import fusion_search
+from gradcomp._src import profile as profile_lib
+from gradcomp._src.spec import spec_of
+from gradcomp._src.wire import collective_bytes
+
+import harness
+
+REGISTRY_KWARGS = {
+  "none": {},
+  "fp16": {},
+  "topk": {"ratio": 0.01},
+  "randomk": {"ratio": 0.01},
+  "dgc": {"ratio": 0.01},
+  "qsgd": {},
+  "terngrad": {},
+  "signsgd": {},
+  "ef_signsgd": {},
+  "powersgd": {},
+  "threshold_quantize": {},
+  "sketch_topk": {"ratio": 0.01},
+}
+
+
+def synthetic_profile(call=2e-4, per_value=4e-9, fused_extra=1e-9, label="x"):
+  """A profile with a known affine cost and top-k-like payload (8 bytes per 1 %)."""
+  sizes = (16, 256, 4096, 65536, 2**20)
+  return gradcomp.Profile(
+    compressor=label,
+    backend="synthetic",
+    devices=1,
+    sizes=sizes,
+    seconds=tuple(call + per_value * s for s in sizes),
+    fused_seconds=tuple(call + (per_value + fused_extra) * s for s in sizes),
+    wire_bytes={"all-gather": tuple(8 * max(1, s // 100) for s in sizes)},
+    wire_messages={"all-gather": (2,) * len(sizes)},
+  )
+
+
+# -- compressor specs ------------------------------------------------------------
+
+
+def test_every_registered_compressor_records_its_spec():
+  assert set(REGISTRY_KWARGS) == set(gradcomp.names())
+  for name, kwargs in REGISTRY_KWARGS.items():
+    tx = gradcomp.get(name, axis_name="data", **kwargs)
+    spec = spec_of(tx)
+    assert spec.name == name and spec.axis_name == "data"
+    assert spec_of(spec.build(axis_name=None)).label() == spec.label()
+  assert spec_of(optax.sgd(0.1)) is None
+  label = spec_of(gradcomp.topk(0.01)).label()
+  assert label == "topk(error_feedback=True, ratio=0.01)"
+  assert spec_of(gradcomp.topk(0.02)).label() != label
+
+
+# -- wire payloads: traced program vs compiled HLO ---------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY_KWARGS))
+def test_traced_wire_equals_compiled_hlo(name):
+  size = 3000
+  kwargs = REGISTRY_KWARGS[name]
+  traced = profile_lib.traced_wire(
+    lambda axis: gradcomp.get(name, axis_name=axis, **kwargs), size
+  )
+  tx = gradcomp.get(name, axis_name=harness.AXIS, **kwargs)
+  grads = harness.shard({"x": jnp.zeros((harness.WORKERS, size))})
+  state = harness.worker_state(tx, {"x": jax.ShapeDtypeStruct((size,), jnp.float32)})
+  text = harness.sharded_update(tx).lower(grads, state).compile().as_text()
+  compiled = {k: v for k, v in collective_bytes(text).items() if v}
+  assert {k: b for k, (b, _) in traced.items()} == compiled
+
+
+# -- profiles ----------------------------------------------------------------------
+
+
+def test_profile_fit_interpolates_extrapolates_and_is_monotone():
+  p = gradcomp.Profile(
+    compressor="x",
+    backend="b",
+    devices=1,
+    sizes=(10, 20, 40),
+    seconds=(1.0, 3.0, 2.0),  # noise: 40 looks cheaper than 20
+    fused_seconds=(2.0, 2.0, 6.0),
+    wire_bytes={"all-reduce": (40, 80, 160)},
+    wire_messages={"all-reduce": (1, 1, 2)},
+  )
+  np.testing.assert_allclose(p.comp_seconds([5, 10, 15, 30, 40]), [1, 1, 2, 3, 3])
+  np.testing.assert_allclose(p.comp_seconds([30, 60], fused=True), [4, 10])
+  nbytes, messages = p.wire([15, 80])["all-reduce"]
+  np.testing.assert_allclose(nbytes, [60, 320])
+  np.testing.assert_array_equal(messages, [1, 2])
+
+
+def test_profile_json_round_trip_and_file(tmp_path):
+  p = synthetic_profile()
+  assert gradcomp.Profile.from_json(p.to_json()) == p
+  p.save(tmp_path / "p.json")
+  assert gradcomp.Profile.load(tmp_path / "p.json") == p
+  with pytest.raises(ValueError, match="fields"):
+    gradcomp.Profile.from_json(json.dumps({"sizes": [1]}))
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    ({"sizes": (16, 16, 4096, 65536, 2**20)}, "increasing"),
+    ({"seconds": (1.0,)}, "one finite time"),
+    ({"fused_seconds": (float("nan"),) * 5}, "one finite time"),
+    ({"wire_bytes": {"broadcast": (0,) * 5}}, "unknown collective"),
+  ],
+)
+def test_bad_profiles_raise(change, message):
+  fields = {**synthetic_profile().__dict__, **change}
+  with pytest.raises(ValueError, match=message):
+    gradcomp.Profile(**fields)
+
+
+def test_measured_profile_on_this_backend():
+  p = gradcomp.profile("topk", (16, 4096), repeats=2, ratio=0.01)
+  assert p.compressor == "topk(error_feedback=True, ratio=0.01)"
+  assert p.backend.startswith("cpu") and p.devices == 1
+  assert all(t > 0 for t in p.seconds + p.fused_seconds)
+  # k = 1 and 40 (value f32 + index s32), all-gathered as two arrays.
+  assert p.wire_bytes == {"all-gather": (8, 320)}
+  assert p.wire_messages == {"all-gather": (2, 2)}
+  with pytest.raises(ValueError, match="measured for topk"):
+    p.check_for(gradcomp.topk(0.02))
+  p.check_for(gradcomp.topk(0.01, axis_name="data"))  # axis_name does not matter
+
+
+@pytest.mark.parametrize(
+  "args, kwargs, message",
+  [
+    (("topk", (0, 16)), {"ratio": 0.1}, "sizes"),
+    (("topk", (16,)), {"ratio": 0.1, "devices": 99}, "devices"),
+    (("topk", (16,)), {"ratio": 0.1, "repeats": 0}, "repeats"),
+    (("nope", (16,)), {}, "unknown compressor"),
+    ((optax.sgd(0.1), (16,)), {}, "not built by a gradcomp factory"),
+  ],
+)
+def test_profile_rejects_bad_input(args, kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    gradcomp.profile(*args, **kwargs)
+
+
+# -- the alpha-beta model ------------------------------------------------------------
+
+
+def test_ring_and_parameter_server_closed_forms():
+  c = gradcomp.Cluster(workers=4, bandwidth_gbps=8.0, latency_us=10.0)
+  byte = 1e-9  # 8 Gbit/s is one byte per ns
+  assert c.exchange_seconds("all-reduce", 1000) == pytest.approx(
+    6 * 10e-6 + 1.5 * 1000 * byte
+  )
+  assert c.exchange_seconds("all-gather", 1000, 2) == pytest.approx(
+    2 * 3 * 10e-6 + 3 * 1000 * byte
+  )
+  ps = gradcomp.Cluster(4, 8.0, 10.0, topology="parameter_server")
+  assert ps.exchange_seconds("all-reduce", 1000) == pytest.approx(
+    2 * 10e-6 + 8 * 1000 * byte
+  )
+  assert ps.exchange_seconds("all-gather", 1000) == pytest.approx(
+    2 * 10e-6 + 20 * 1000 * byte
+  )
+  assert gradcomp.Cluster(1).comm_seconds({"all-reduce": (1e9, 1)}) == 0
+
+
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
+    ({"workers": 0}, "workers"),
+    ({"workers": 2.5}, "workers"),
+    ({"workers": 2, "bandwidth_gbps": 0}, "bandwidth_gbps"),
+    ({"workers": 2, "latency_us": -1}, "latency_us"),
+    ({"workers": 2, "topology": "torus"}, "topology"),
+  ],
+)
+def test_bad_clusters_raise(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    gradcomp.Cluster(**kwargs)
+
+
+# -- the timeline --------------------------------------------------------------------
+
+
+def random_model(rng, n, workers=8, bandwidth=10.0):
+  workload = gradcomp.Workload(
+    sizes=tuple(int(s) for s in rng.integers(1, 2**21, n)),
+    backward_seconds=tuple(rng.uniform(0, 3e-3, n)),
+    forward_seconds=1e-3,
+    update_seconds=2e-4,
+  )
+  cluster = gradcomp.Cluster(workers, bandwidth)
+  return gradcomp.CostModel(synthetic_profile(), cluster, workload)
+
+
+def test_timeline_closed_form_two_groups():
+  profile = synthetic_profile(call=1.0, per_value=0.0, fused_extra=0.0)
+  workload = gradcomp.Workload((10, 10, 10), (2.0, 1.0, 4.0), forward_seconds=3.0)
+  cluster = gradcomp.Cluster(2, latency_us=1e6, bandwidth_gbps=1e9)  # alpha = 1 s
+  model = gradcomp.CostModel(profile, cluster, workload)
+  # all-gather of 2 messages on 2 workers: 2 s per group (bytes are ~free).
+  t = model.timeline((2,))
+  # Group 1 (leaves 0-1): ready 3+3=6, compressed 7, exchanged 7..9.
+  # Group 2 (leaf 2): ready 7+4=11, compressed 12, exchanged 12..14.
+  assert t.ready == pytest.approx((6.0, 11.0))
+  assert t.comm_start == pytest.approx((7.0, 12.0))
+  assert t.iteration_seconds == pytest.approx(14.0)
+  assert t.scaling_factor == pytest.approx((3 + 7) / 14)
+  assert t.overlap_seconds == pytest.approx(2.0)  # group 1 hidden by leaf 2
+  assert model.iteration_seconds((2,))[0] == pytest.approx(14.0)
+
+
+def test_vectorised_cost_equals_the_event_replay():
+  rng = np.random.default_rng(0)
+  model = random_model(rng, 9)
+  rows = np.array(list(itertools.combinations(range(1, 9), 3)))
+  batched = model.iteration_seconds(rows)
+  for row, seconds in zip(rows, batched, strict=True):
+    assert model.timeline(tuple(row)).iteration_seconds == pytest.approx(seconds)
+
+
+# -- the search ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dp_equals_brute_force_and_heuristic_is_bounded(seed):
+  rng = np.random.default_rng(seed)
+  n = int(rng.integers(1, 13))
+  model = random_model(rng, n, int(rng.integers(1, 17)), float(rng.choice([1, 100])))
+  optimal, optimal_f = gradcomp.optimal_search(model)
+  _, brute_f = fusion_search.brute_force_search(model)
+  assert optimal_f == pytest.approx(brute_f, rel=1e-12)
+  assert model.iteration_seconds(optimal)[0] == pytest.approx(optimal_f)
+  heuristic, heuristic_f = gradcomp.heuristic_search(model)
+  assert model.iteration_seconds(heuristic)[0] == pytest.approx(heuristic_f)
+  assert optimal_f <= heuristic_f * (1 + 1e-12)
+  assert heuristic_f <= model.iteration_seconds(())[0]
+  assert heuristic_f <= model.iteration_seconds(tuple(range(1, n)))[0]
+
+
+def test_heuristic_on_resnet50_is_fast_near_optimal_and_deterministic():
+  import math
+  import time
+
+  from gradcomp._src import shapes
+
+  named = shapes.resnet50_shapes()[::-1]
+  flops = shapes.forward_flops("resnet50")[::-1]
+  workload = gradcomp.Workload.from_weights(
+    [math.prod(s) for _, s in named], flops, backward_seconds=0.1
+  )
+  model = gradcomp.CostModel(synthetic_profile(), gradcomp.Cluster(16), workload)
+  t0 = time.perf_counter()
+  plan = gradcomp.search_plan(model, range(161))
+  elapsed = time.perf_counter() - t0
+  _, optimal_f = gradcomp.optimal_search(model)
+  predicted = model.iteration_seconds(plan.boundaries)[0]
+  assert predicted <= 1.02 * optimal_f
+  assert gradcomp.search_plan(model, range(161)) == plan
+  assert gradcomp.Plan.from_json(plan.to_json()) == plan
+  assert elapsed < 5.0  # the 1 s target is a benchmark; this only catches blow-ups
+
+
+def test_search_plan_rejects_bad_input():
+  model = random_model(np.random.default_rng(0), 4)
+  with pytest.raises(ValueError, match="method"):
+    gradcomp.search_plan(model, range(4), "greedy")
+  with pytest.raises(ValueError, match="order"):
+    gradcomp.search_plan(model, range(3))
+  with pytest.raises(ValueError, match="eps"):
+    gradcomp.heuristic_search(model, eps=1.5)
+
+
+# -- plan="auto" inside layerfusion ----------------------------------------------------
+
+
+def test_auto_plan_follows_the_costs():
+  sizes, order = (1000, 10, 2000, 30), (3, 2, 1, 0)
+  costly_calls = synthetic_profile(call=1.0, per_value=0.0)
+  lonely = gradcomp.auto_plan(sizes, order, costly_calls, gradcomp.Cluster(8))
+  assert lonely == gradcomp.Plan.single(order)
+  # Free calls, a slow link and a long backward: exchange each leaf as it is ready.
+  overlap = synthetic_profile(call=0.0, per_value=0.0, fused_extra=1e-3)
+  plan = gradcomp.auto_plan(
+    sizes, order, overlap, gradcomp.Cluster(8, bandwidth_gbps=0.01), 10.0
+  )
+  assert plan == gradcomp.Plan.layerwise(order)
+
+
+def test_auto_plan_inside_jit_and_shard_map():
+  tx_inner = gradcomp.topk(0.25, axis_name=harness.AXIS)
+  label = spec_of(tx_inner).label()
+  profile = synthetic_profile(call=1e-3, label=label)
+  tx = gradcomp.layerfusion(tx_inner, profile=profile)
+  params = harness.MIXED_PARAMS
+  per_worker = [harness.grads_like(params, seed=w) for w in range(harness.WORKERS)]
+  grads = harness.shard(jax.tree.map(lambda *xs: jnp.stack(xs), *per_worker))
+  state = harness.worker_state(tx, params)
+  auto_out, _ = harness.sharded_update(tx)(grads, state)
+  # The same plan given explicitly gives the same result.
+  sizes = [int(np.prod(x.shape)) for x in jax.tree.leaves(params)]
+  order = tuple(range(len(sizes)))
+  plan = gradcomp.auto_plan(sizes, order, profile, gradcomp.Cluster(jax.device_count()))
+  explicit = gradcomp.layerfusion(tx_inner, plan)
+  explicit_out, _ = harness.sharded_update(explicit)(
+    grads, harness.worker_state(explicit, params)
+  )
+  jax.tree.map(np.testing.assert_array_equal, auto_out, explicit_out)
+  assert 1 < len(plan.groups) < len(sizes) or plan == gradcomp.Plan.single(order)
+
+
+def test_auto_plan_measures_its_own_profile():
+  tx = gradcomp.layerfusion(gradcomp.none())
+  params = {"a": jnp.ones((3, 4)), "b": jnp.ones(5)}
+  updates, _ = jax.jit(tx.update)(params, tx.init(params))
+  jax.tree.map(np.testing.assert_array_equal, updates, params)
+
+
+def test_auto_plan_rejects_a_profile_for_another_compressor():
+  profile = synthetic_profile(label=spec_of(gradcomp.topk(0.1)).label())
+  gradcomp.layerfusion(gradcomp.topk(0.1, axis_name="data"), profile=profile)
+  with pytest.raises(ValueError, match="measured for topk"):
+    gradcomp.layerfusion(gradcomp.signsgd(), profile=profile)
+  with pytest.raises(ValueError, match="not built by a gradcomp factory"):
+    gradcomp.layerfusion(optax.identity())
+  with pytest.raises(ValueError, match="search"):
+    gradcomp.layerfusion(gradcomp.topk(0.1), profile=profile, search="greedy")
