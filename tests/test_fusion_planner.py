@@ -343,3 +343,44 @@ def test_auto_plan_rejects_a_profile_for_another_compressor():
     gradcomp.layerfusion(optax.identity())
   with pytest.raises(ValueError, match="search"):
     gradcomp.layerfusion(gradcomp.topk(0.1), profile=profile, search="greedy")
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def test_fusion_command_line_compares_plans(tmp_path, capsys):
+  from gradcomp import fusion
+
+  profile_path, plan_path = tmp_path / "topk.json", tmp_path / "plan.json"
+  synthetic_profile(label=spec_of(gradcomp.topk(0.01)).label()).save(profile_path)
+  argv = ["--model", "resnet20", "--compressor", "topk", "--ratio", "0.01"]
+  argv += ["--workers", "16", "--profile", str(profile_path), "--out", str(plan_path)]
+  assert fusion.main(argv) == 0
+  out = capsys.readouterr().out
+  for method in ("heuristic", "optimal", "layerwise", "single"):
+    assert f"| {method} |" in out
+  plan = gradcomp.Plan.from_json(plan_path.read_text())
+  assert plan.num_leaves == 59
+  # Leaf indices refer to the sorted-name tree; the first ready is the fc bias.
+  from gradcomp._src import shapes
+
+  names = sorted(n for n, _ in shapes.resnet20_shapes())
+  assert names[plan.order[0]] == "fc/bias"
+  assert names[plan.order[-1]] == "conv1/kernel"
+
+
+@pytest.mark.parametrize(
+  "extra, message",
+  [
+    (["--workers", "0"], "workers must be"),
+    (["--ratio", "0.5"], "measured for topk"),
+  ],
+)
+def test_fusion_command_line_rejects_bad_input(tmp_path, capsys, extra, message):
+  from gradcomp import fusion
+
+  path = tmp_path / "topk.json"
+  synthetic_profile(label=spec_of(gradcomp.topk(0.01)).label()).save(path)
+  argv = ["--model", "lstm_ptb", "--compressor", "topk", "--ratio", "0.01"]
+  assert fusion.main([*argv, "--profile", str(path), *extra]) == 2
+  assert message in capsys.readouterr().err

@@ -1,0 +1,298 @@
+"""Predicted vs measured: does the LayerFusion cost model order plans as reality does?
+
+Paper 000 §4.3. On this machine's virtual CPU devices (8 by default, sharing
+the host's cores), for a model-shaped gradient tree and a compressor:
+
+1. profile the compressor with all devices compressing at once
+   (``gradcomp.profile(..., devices=8)``): ``Comp`` as a worker sees it here;
+2. calibrate a :class:`Cluster` for the in-process "network": time
+   all-reduce and all-gather of float32 buffers on the mesh and fit the ring
+   model's latency and bandwidth (least squares);
+3. predict the step time (compression + exchange; the trees have no
+   backward pass, so there is nothing to overlap) of the layer-wise, single
+   and auto (heuristic) plans with the timeline simulator;
+4. measure the same steps: ``jit(shard_map(tx.update))`` with the state
+   donated, median of ``repeats`` calls.
+
+Writes ``fusion_check.json`` and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import gradcomp
+from gradcomp._src import registry, shapes
+from gradcomp._src.profile import DEFAULT_SIZES, backend_name
+from gradcomp.fusion import model_workload
+
+AXIS = "data"
+
+
+def _median_seconds(fn, state, *args, repeats: int) -> float:
+  out = fn(*args, state)
+  jax.block_until_ready(out)
+  state = out[-1]
+  times = []
+  for _ in range(repeats + 1):
+    t0 = time.perf_counter()
+    out = fn(*args, state)
+    jax.block_until_ready(out)
+    times.append(time.perf_counter() - t0)
+    state = out[-1]
+  return statistics.median(times[1:])
+
+
+def calibrate_cluster(mesh, repeats: int = 5) -> tuple[gradcomp.Cluster, list[dict]]:
+  """The ring model's latency and bandwidth that best fit this mesh's collectives."""
+  n = mesh.devices.size
+  rows, targets, samples = [], [], []
+  for kind in ("all-reduce", "all-gather"):
+    for size in (2**8, 2**12, 2**16, 2**20, 2**22):
+      if kind == "all-reduce":
+        body = lambda x: jax.lax.psum(x, AXIS)  # noqa: E731
+      else:
+        body = lambda x: jax.lax.all_gather(x, AXIS, to="invarying")  # noqa: E731
+      f = jax.jit(
+        jax.shard_map(
+          lambda x, s: (body(x), s),
+          mesh=mesh,
+          in_specs=P(AXIS),
+          out_specs=(P(), P(AXIS)),
+        )
+      )
+      x = jax.device_put(
+        jnp.ones((n * size,), jnp.float32), NamedSharding(mesh, P(AXIS))
+      )
+      s = jax.device_put(jnp.zeros((n,), jnp.float32), NamedSharding(mesh, P(AXIS)))
+      seconds = _median_seconds(f, s, x, repeats=repeats)
+      steps, volume = (
+        (2 * (n - 1), 2 * (n - 1) / n) if kind == "all-reduce" else (n - 1, n - 1)
+      )
+      rows.append([steps, volume * 4 * size])
+      targets.append(seconds)
+      samples.append({"kind": kind, "values": size, "ms": seconds * 1e3})
+  (alpha, per_byte), *_ = np.linalg.lstsq(np.array(rows), np.array(targets), rcond=None)
+  alpha, per_byte = max(alpha, 0.0), max(per_byte, 1e-15)
+  cluster = gradcomp.Cluster(
+    n, bandwidth_gbps=8 / per_byte / 1e9, latency_us=alpha * 1e6
+  )
+  return cluster, samples
+
+
+def measure_step(tx, tree, mesh, repeats: int) -> float:
+  """Median seconds of one sharded ``tx.update`` over per-worker copies of ``tree``."""
+  n = mesh.devices.size
+  sharding = NamedSharding(mesh, P(AXIS))
+  grads = jax.device_put(gradcomp.add_worker_axis(tree, n), sharding)
+  state = jax.device_put(gradcomp.add_worker_axis(tx.init(tree), n), sharding)
+
+  def step(g, s):
+    updates, s = tx.update(gradcomp.drop_worker_axis(g), gradcomp.drop_worker_axis(s))
+    return updates, gradcomp.add_worker_axis(s)
+
+  f = jax.jit(
+    jax.shard_map(step, mesh=mesh, in_specs=P(AXIS), out_specs=(P(), P(AXIS))),
+    donate_argnums=1,
+  )
+  return _median_seconds(f, state, grads, repeats=repeats)
+
+
+def run(
+  models=("resnet20", "resnet50"),
+  compressor: str = "topk",
+  hyperparameters: dict | None = None,
+  repeats: int = 5,
+  out_dir: str = "bench_out/",
+) -> dict:
+  """Predicted and measured step times of three plans per model; returns the results."""
+  hyperparameters = {"ratio": 0.01} if hyperparameters is None else hyperparameters
+  devices = jax.devices()
+  mesh = jax.make_mesh((len(devices),), (AXIS,))
+  tx = registry.get(compressor, axis_name=AXIS, **hyperparameters)
+  cluster, samples = calibrate_cluster(mesh, repeats)
+  profile = gradcomp.profile(tx, DEFAULT_SIZES, devices=len(devices), repeats=repeats)
+  result = {
+    "backend": profile.backend,
+    "compressor": profile.compressor,
+    "cluster": {
+      "latency_us": cluster.latency_us,
+      "bandwidth_gbps": cluster.bandwidth_gbps,
+    },
+    "collectives": samples,
+    "profile": json.loads(profile.to_json()),
+    "models": {},
+  }
+  for model in models:
+    work = model_workload(model, backward_ms=0.0)
+    workload = gradcomp.Workload(work.workload.sizes, (0.0,) * len(work.workload.sizes))
+    cost = gradcomp.CostModel(profile, cluster, workload)
+    tree = shapes.make_tree(shapes.MODELS[model]())
+    rows = {}
+    for method in ("layerwise", "single", "heuristic"):
+      plan = gradcomp.search_plan(cost, work.order, method)
+      predicted = cost.iteration_seconds(plan.boundaries)[0]
+      measured = measure_step(gradcomp.layerfusion(tx, plan), tree, mesh, repeats)
+      rows[method] = {
+        "groups": len(plan.groups),
+        "predicted_ms": predicted * 1e3,
+        "measured_ms": measured * 1e3,
+      }
+      print(f"{model} {method}: {rows[method]}", flush=True)
+    by_prediction = sorted(rows, key=lambda m: rows[m]["predicted_ms"])
+    by_measurement = sorted(rows, key=lambda m: rows[m]["measured_ms"])
+    result["models"][model] = {
+      "tensors": len(workload.sizes),
+      "values": int(sum(workload.sizes)),
+      "plans": rows,
+      "order_predicted": by_prediction,
+      "order_measured": by_measurement,
+    }
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, "fusion_check.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  print(format_table(result))
+  return result
+
+
+def format_table(result: dict) -> str:
+  c = result["cluster"]
+  lines = [
+    f"{result['compressor']} on {result['backend']}; calibrated ring: "
+    f"{c['latency_us']:.1f} us, {c['bandwidth_gbps']:.1f} Gbps",
+    "",
+    "| model | plan | groups | predicted ms | measured ms | measured / predicted |",
+    "| --- | --- | ---: | ---: | ---: | ---: |",
+  ]
+  for model, m in result["models"].items():
+    for method, r in m["plans"].items():
+      label = "auto (heuristic)" if method == "heuristic" else method
+      lines.append(
+        f"| {model} | {label} | {r['groups']} | {r['predicted_ms']:.1f} "
+        f"| {r['measured_ms']:.1f} | {r['measured_ms'] / r['predicted_ms']:.2f} |"
+      )
+    same = m["order_predicted"] == m["order_measured"]
+    lines.append(
+      f"| {model} | order | | {' < '.join(m['order_predicted'])} "
+      f"| {' < '.join(m['order_measured'])} | {'match' if same else 'MISMATCH'} |"
+    )
+  return "\n".join(lines)
+
+
+#: One configuration per registered compressor for the search table.
+SEARCH_COMPRESSORS = {
+  "none": {},
+  "fp16": {},
+  "topk": {"ratio": 0.01},
+  "randomk": {"ratio": 0.01},
+  "dgc": {"ratio": 0.01},
+  "qsgd": {},
+  "terngrad": {},
+  "signsgd": {},
+  "ef_signsgd": {},
+  "powersgd": {},
+  "threshold_quantize": {},
+  "sketch_topk": {"ratio": 0.01},
+}
+
+
+def search_table(
+  bandwidths=(1.0, 10.0, 20.0, 100.0),
+  workers: int = 16,
+  repeats: int = 3,
+  profile_dir: str | None = None,
+  out_dir: str = "bench_out/",
+) -> dict:
+  """Heuristic (§4.3) vs DP optimum, predicted, on every model x compressor x bandwidth.
+
+  Profiles are measured on one device of this backend (or loaded from
+  ``profile_dir/<compressor>.json`` when present, and saved there otherwise);
+  compute time per model comes from its FLOPs at the default throughput
+  (``gradcomp.fusion.model_workload``).
+  """
+  rows = []
+  for name, kwargs in SEARCH_COMPRESSORS.items():
+    tx = registry.get(name, **kwargs)
+    path = os.path.join(profile_dir, f"{name}.json") if profile_dir else None
+    if path and os.path.exists(path):
+      profile = gradcomp.Profile.load(path)
+      profile.check_for(tx)
+    else:
+      profile = gradcomp.profile(tx, DEFAULT_SIZES, repeats=repeats)
+      if path:
+        os.makedirs(profile_dir, exist_ok=True)
+        profile.save(path)
+    for model in shapes.MODELS:
+      work = model_workload(model)
+      for bandwidth in bandwidths:
+        cost = gradcomp.CostModel(
+          profile, gradcomp.Cluster(workers, bandwidth), work.workload
+        )
+        t0 = time.perf_counter()
+        heuristic, heuristic_s = gradcomp.heuristic_search(cost)
+        search_s = time.perf_counter() - t0
+        optimal, optimal_s = gradcomp.optimal_search(cost)
+        rows.append(
+          {
+            "compressor": name,
+            "model": model,
+            "bandwidth_gbps": bandwidth,
+            "heuristic_groups": len(heuristic) + 1,
+            "optimal_groups": len(optimal) + 1,
+            "heuristic_ms": heuristic_s * 1e3,
+            "optimal_ms": optimal_s * 1e3,
+            "layerwise_ms": float(
+              cost.iteration_seconds(tuple(range(1, cost.num_leaves)))[0]
+            )
+            * 1e3,
+            "single_ms": float(cost.iteration_seconds(())[0]) * 1e3,
+            "gap": heuristic_s / optimal_s - 1,
+            "search_ms": search_s * 1e3,
+          }
+        )
+    print(
+      f"{name}: worst gap {max(r['gap'] for r in rows if r['compressor'] == name):.4%}",
+      flush=True,
+    )
+  result = {"backend": backend_name(1), "workers": workers, "rows": rows}
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, "fusion_search.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  print(format_search_table(result))
+  return result
+
+
+def format_search_table(result: dict) -> str:
+  rows = result["rows"]
+  lines = [
+    f"{result['workers']} workers; profiles from {result['backend']}; "
+    "gap = heuristic / optimal - 1 (predicted iteration time)",
+    "",
+    "| compressor | model | worst gap | at Gbps | groups heur / opt | max search ms |",
+    "| --- | --- | ---: | ---: | ---: | ---: |",
+  ]
+  for name in dict.fromkeys(r["compressor"] for r in rows):
+    for model in dict.fromkeys(r["model"] for r in rows):
+      sel = [r for r in rows if r["compressor"] == name and r["model"] == model]
+      worst = max(sel, key=lambda r: r["gap"])
+      lines.append(
+        f"| {name} | {model} | {worst['gap']:.3%} | {worst['bandwidth_gbps']:g} "
+        f"| {worst['heuristic_groups']} / {worst['optimal_groups']} "
+        f"| {max(r['search_ms'] for r in sel):.0f} |"
+      )
+  worst = max(rows, key=lambda r: r["gap"])
+  lines.append(
+    f"\nworst over all {len(rows)} settings: {worst['gap']:.3%} "
+    f"({worst['compressor']}, {worst['model']}, {worst['bandwidth_gbps']:g} Gbps); "
+    f"slowest heuristic search {max(r['search_ms'] for r in rows):.0f} ms"
+  )
+  return "\n".join(lines)

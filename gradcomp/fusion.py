@@ -1,0 +1,222 @@
+"""Plan LayerFusion for a built-in model on a described cluster (paper 000 §4.3).
+
+    python -m gradcomp.fusion --model resnet50 --compressor topk --ratio 0.01 \\
+        --workers 16 --bandwidth-gbps 20
+
+prints, for the layer-wise, single, heuristic (§4.3) and optimal (DP) plans,
+the number of groups, the predicted iteration time and the scaling factor
+(eq. 1), and writes the heuristic plan as JSON. ``Comp`` comes from a profile
+measured now on this backend (or loaded with ``--profile``); ``Comm`` from the
+alpha-beta model of the cluster; the backward time per leaf from the model's
+FLOPs at ``--tflops`` (the total can be given with ``--backward-ms``).
+
+Leaf indices in the plan refer to ``jax.tree.leaves`` of the flat
+``{name: array}`` tree of ``gradcomp._src.shapes.make_tree`` (names sorted);
+gradient-ready order is the reverse of the forward order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import math
+import sys
+import time
+
+from gradcomp._src import fusion_search, registry, shapes
+from gradcomp._src.cluster import TOPOLOGIES, Cluster
+from gradcomp._src.fusion_plan import Plan
+from gradcomp._src.profile import DEFAULT_SIZES, Profile, profile
+from gradcomp._src.timeline import CostModel, Workload
+
+#: Per-worker batch of paper 000 Table 3.
+BATCH_SIZES = {"resnet20": 128, "vgg16": 128, "resnet50": 128, "lstm_ptb": 32}
+#: Effective training throughput assumed for the compute time, TFLOP/s: about
+#: half a V100's 15.7 fp32 peak, the paper's GPUs (§5).
+DEFAULT_TFLOPS = 8.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelWorkload:
+  """A built-in model as the planner sees it."""
+
+  order: tuple[int, ...]  # gradient-ready order of the tree's leaves.
+  workload: Workload  # leaves listed in that order.
+
+
+def model_workload(
+  model: str,
+  *,
+  batch_size: int | None = None,
+  tflops: float = DEFAULT_TFLOPS,
+  backward_ms: float | None = None,
+) -> ModelWorkload:
+  """Sizes and compute of a built-in model's leaves, in gradient-ready order.
+
+  Backward FLOPs are taken as twice the forward's (gradients for inputs and
+  weights), per leaf in proportion to ``shapes.forward_flops``; the forward
+  pass is half the backward. ``backward_ms``, when given, replaces the
+  FLOPs-derived total (e.g. a measured one).
+  """
+  if model not in shapes.MODELS:
+    raise ValueError(
+      f"unknown model {model!r}; valid: {', '.join(sorted(shapes.MODELS))}"
+    )
+  if tflops <= 0:
+    raise ValueError(f"tflops must be > 0, got {tflops}")
+  named = shapes.MODELS[model]()
+  flops = shapes.forward_flops(model)
+  batch = BATCH_SIZES[model] if batch_size is None else batch_size
+  names = [n for n, _ in named]
+  tree_index = {n: i for i, n in enumerate(sorted(names))}
+  ready = list(reversed(range(len(named))))
+  backward_s = (
+    2 * sum(flops) * batch / (tflops * 1e12)
+    if backward_ms is None
+    else backward_ms * 1e-3
+  )
+  workload = Workload.from_weights(
+    [math.prod(named[i][1]) for i in ready], [flops[i] for i in ready], backward_s
+  )
+  return ModelWorkload(tuple(tree_index[names[i]] for i in ready), workload)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+  method: str
+  plan: Plan
+  groups: int
+  iteration_ms: float
+  scaling_factor: float
+  comp_ms: float
+  comm_ms: float
+  overlap_ms: float
+  search_ms: float
+
+
+def compare_plans(
+  model: CostModel, order, methods=fusion_search.METHODS, eps: float = 1e-3
+) -> list[PlanRow]:
+  """One :class:`PlanRow` per search method, scored by ``model``."""
+  rows = []
+  for method in methods:
+    t0 = time.perf_counter()
+    plan = fusion_search.search_plan(model, order, method, eps)
+    search_ms = (time.perf_counter() - t0) * 1e3
+    t = model.timeline(plan)
+    rows.append(
+      PlanRow(
+        method=method,
+        plan=plan,
+        groups=len(plan.groups),
+        iteration_ms=t.iteration_seconds * 1e3,
+        scaling_factor=t.scaling_factor,
+        comp_ms=sum(t.comp_seconds) * 1e3,
+        comm_ms=sum(t.comm_seconds) * 1e3,
+        overlap_ms=t.overlap_seconds * 1e3,
+        search_ms=search_ms,
+      )
+    )
+  return rows
+
+
+def markdown(rows: list[PlanRow]) -> str:
+  lines = [
+    "| plan | groups | iteration ms | scaling factor | Comp ms | Comm ms | hidden ms | search ms |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+  ]
+  for r in rows:
+    lines.append(
+      f"| {r.method} | {r.groups} | {r.iteration_ms:.2f} | {r.scaling_factor:.3f} "
+      f"| {r.comp_ms:.2f} | {r.comm_ms:.2f} | {r.overlap_ms:.2f} | {r.search_ms:.1f} |"
+    )
+  return "\n".join(lines)
+
+
+def _hyperparameter(text: str) -> tuple[str, object]:
+  key, sep, value = text.partition("=")
+  if not sep or not key:
+    raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+  try:
+    return key, ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    return key, value
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+    prog="python -m gradcomp.fusion", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument("--model", required=True, choices=sorted(shapes.MODELS))
+  parser.add_argument("--compressor", required=True, choices=registry.names())
+  parser.add_argument("--ratio", type=float, help="the compressor's ratio")
+  parser.add_argument("--rank", type=int, help="PowerSGD's rank")
+  parser.add_argument("--levels", type=int, help="QSGD's levels")
+  parser.add_argument(
+    "--set", type=_hyperparameter, action="append", default=[], metavar="KEY=VALUE",
+    help="any other factory argument (repeatable)",
+  )  # fmt: skip
+  parser.add_argument("--workers", type=int, default=16)
+  parser.add_argument("--bandwidth-gbps", type=float, default=20.0)
+  parser.add_argument("--latency-us", type=float, default=25.0)
+  parser.add_argument("--topology", choices=TOPOLOGIES, default="ring")
+  parser.add_argument("--batch-size", type=int, help="per worker; default Table 3's")
+  parser.add_argument("--tflops", type=float, default=DEFAULT_TFLOPS)
+  parser.add_argument("--backward-ms", type=float, help="total backward time")
+  parser.add_argument("--eps", type=float, default=1e-3, help="§4.3 stopping rule")
+  parser.add_argument("--profile", help="load the compressor profile from this JSON")
+  parser.add_argument("--save-profile", help="write the measured profile here")
+  parser.add_argument("--repeats", type=int, default=5, help="timed calls per size")
+  parser.add_argument("--out", default="fusion_plan.json", help="plan JSON path")
+  return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  hyperparameters = dict(args.set)
+  for key in ("ratio", "rank", "levels"):
+    if getattr(args, key) is not None:
+      hyperparameters[key] = getattr(args, key)
+  try:
+    tx = registry.get(args.compressor, **hyperparameters)
+    cluster = Cluster(args.workers, args.bandwidth_gbps, args.latency_us, args.topology)
+    work = model_workload(
+      args.model, batch_size=args.batch_size, tflops=args.tflops,
+      backward_ms=args.backward_ms,
+    )  # fmt: skip
+    if args.profile:
+      measured = Profile.load(args.profile)
+      measured.check_for(tx)
+    else:
+      print(
+        f"measuring {args.compressor} at {len(DEFAULT_SIZES)} sizes ...",
+        file=sys.stderr,
+      )
+      measured = profile(tx, DEFAULT_SIZES, repeats=args.repeats)
+      if args.save_profile:
+        measured.save(args.save_profile)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  model = CostModel(measured, cluster, work.workload)
+  rows = compare_plans(model, work.order, eps=args.eps)
+  w = work.workload
+  print(
+    f"{args.model} ({len(w.sizes)} tensors, {sum(w.sizes):,} values), "
+    f"{measured.compressor} profiled on {measured.backend}, {cluster.workers} workers "
+    f"at {cluster.bandwidth_gbps:g} Gbps ({cluster.topology}, {cluster.latency_us:g} us); "
+    f"forward {w.forward_seconds * 1e3:.1f} ms + backward "
+    f"{sum(w.backward_seconds) * 1e3:.1f} ms per step (T_1 = "
+    f"{w.single_worker_seconds * 1e3:.1f} ms)\n"
+  )
+  print(markdown(rows))
+  heuristic = next(r for r in rows if r.method == "heuristic")
+  with open(args.out, "w") as f:
+    f.write(heuristic.plan.to_json())
+  print(f"\nheuristic plan ({heuristic.groups} groups) written to {args.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
