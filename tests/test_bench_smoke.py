@@ -24,3 +24,36 @@ def test_sketch_suite_reports_every_stage(tmp_path):
   for stage in result["stages"]:
     assert stage["median_ms"] > 0 and stage["peak_over_gradient"] >= 1.0
   assert json.loads((tmp_path / "sketch.json").read_text())["d"] == 269_722
+
+
+def test_fusion_check_predicts_and_measures_three_plans(tmp_path, capsys):
+  from gradcomp.bench import fusion
+
+  result = fusion.run(
+    models=("resnet20",),
+    compressor="signsgd",
+    hyperparameters={},
+    repeats=1,
+    out_dir=str(tmp_path),
+    sizes=(16, 4096),
+  )
+  plans = result["models"]["resnet20"]["plans"]
+  assert set(plans) == {"layerwise", "single", "heuristic"}
+  assert plans["layerwise"]["groups"] == 59 and plans["single"]["groups"] == 1
+  for row in plans.values():
+    assert row["predicted_ms"] > 0 and row["measured_ms"] > 0
+  assert (tmp_path / "fusion_check.json").exists()
+  assert "| resnet20 | order |" in capsys.readouterr().out
+
+
+def test_ring_fit_recovers_latency_and_bandwidth():
+  import numpy as np
+
+  from gradcomp.bench.fusion import _fit_ring
+
+  rows = [[14, 4e3], [14, 4e6], [7, 8e3], [7, 8e6]]
+  targets = [r[0] * 2e-5 + r[1] * 1e-9 for r in rows]
+  np.testing.assert_allclose(_fit_ring(rows, targets), (2e-5, 1e-9))
+  # A negative intercept is refitted through the origin, not clamped.
+  alpha, per_byte = _fit_ring([[1, 1.0], [1, 3.0]], [0.5, 3.5])
+  assert alpha == 0 and per_byte == (0.5 + 10.5) / 10

@@ -3,15 +3,19 @@
 Paper 000 §4.3. On this machine's virtual CPU devices (8 by default, sharing
 the host's cores), for a model-shaped gradient tree and a compressor:
 
-1. profile the compressor with all devices compressing at once
-   (``gradcomp.profile(..., devices=8)``): ``Comp`` as a worker sees it here;
-2. calibrate a :class:`Cluster` for the in-process "network": time
-   all-reduce and all-gather of float32 buffers on the mesh and fit the ring
-   model's latency and bandwidth (least squares);
-3. predict the step time (compression + exchange; the trees have no
-   backward pass, so there is nothing to overlap) of the layer-wise, single
-   and auto (heuristic) plans with the timeline simulator;
-4. measure the same steps: ``jit(shard_map(tx.update))`` with the state
+1. measure the cost of launching one (trivial) program on all devices: every
+   timed call below pays it once, a step pays it once, not once per group;
+2. profile the compressor with all devices compressing at once
+   (``gradcomp.profile(..., devices=8)``), minus the launch: ``Comp`` as a
+   worker sees it here;
+3. calibrate a :class:`Cluster` for the in-process "network": time
+   all-reduce and all-gather of float32 buffers on the mesh, minus the
+   launch, and fit the ring model's latency and bandwidth (least squares,
+   both kept >= 0);
+4. predict the step time (launch + compression + exchange; the trees have
+   no backward pass, so there is nothing to overlap) of the layer-wise,
+   single and auto (heuristic) plans with the timeline simulator;
+5. measure the same steps: ``jit(shard_map(tx.update))`` with the state
    donated, median of ``repeats`` calls.
 
 Writes ``fusion_check.json`` and prints a markdown table.
@@ -19,6 +23,7 @@ Writes ``fusion_check.json`` and prints a markdown table.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -52,7 +57,32 @@ def _median_seconds(fn, state, *args, repeats: int) -> float:
   return statistics.median(times[1:])
 
 
-def calibrate_cluster(mesh, repeats: int = 5) -> tuple[gradcomp.Cluster, list[dict]]:
+def launch_seconds(mesh, repeats: int = 20) -> float:
+  """Median time of a trivial jitted ``shard_map`` step on every device of ``mesh``."""
+  f = jax.jit(
+    jax.shard_map(
+      lambda s: (s + 1,), mesh=mesh, in_specs=P(AXIS), out_specs=(P(AXIS),)
+    ),
+    donate_argnums=0,
+  )
+  s = jax.device_put(jnp.zeros((mesh.devices.size,)), NamedSharding(mesh, P(AXIS)))
+  return _median_seconds(lambda s: f(s), s, repeats=repeats)
+
+
+def _fit_ring(rows, targets) -> tuple[float, float]:
+  """Least-squares ``(alpha, seconds per byte)``, each constrained to be >= 0."""
+  a, t = np.asarray(rows, np.float64), np.asarray(targets, np.float64)
+  (alpha, per_byte), *_ = np.linalg.lstsq(a, t, rcond=None)
+  if alpha < 0:
+    alpha, per_byte = 0.0, float(a[:, 1] @ t / (a[:, 1] @ a[:, 1]))
+  if per_byte <= 0:
+    alpha, per_byte = max(float(a[:, 0] @ t / (a[:, 0] @ a[:, 0])), 0.0), 1e-15
+  return alpha, per_byte
+
+
+def calibrate_cluster(
+  mesh, launch: float, repeats: int = 5
+) -> tuple[gradcomp.Cluster, list[dict]]:
   """The ring model's latency and bandwidth that best fit this mesh's collectives."""
   n = mesh.devices.size
   rows, targets, samples = [], [], []
@@ -74,15 +104,14 @@ def calibrate_cluster(mesh, repeats: int = 5) -> tuple[gradcomp.Cluster, list[di
         jnp.ones((n * size,), jnp.float32), NamedSharding(mesh, P(AXIS))
       )
       s = jax.device_put(jnp.zeros((n,), jnp.float32), NamedSharding(mesh, P(AXIS)))
-      seconds = _median_seconds(f, s, x, repeats=repeats)
+      seconds = max(_median_seconds(f, s, x, repeats=repeats) - launch, 0.0)
       steps, volume = (
         (2 * (n - 1), 2 * (n - 1) / n) if kind == "all-reduce" else (n - 1, n - 1)
       )
       rows.append([steps, volume * 4 * size])
       targets.append(seconds)
       samples.append({"kind": kind, "values": size, "ms": seconds * 1e3})
-  (alpha, per_byte), *_ = np.linalg.lstsq(np.array(rows), np.array(targets), rcond=None)
-  alpha, per_byte = max(alpha, 0.0), max(per_byte, 1e-15)
+  alpha, per_byte = _fit_ring(rows, targets)
   cluster = gradcomp.Cluster(
     n, bandwidth_gbps=8 / per_byte / 1e9, latency_us=alpha * 1e6
   )
@@ -113,16 +142,24 @@ def run(
   hyperparameters: dict | None = None,
   repeats: int = 5,
   out_dir: str = "bench_out/",
+  sizes=DEFAULT_SIZES,
 ) -> dict:
   """Predicted and measured step times of three plans per model; returns the results."""
   hyperparameters = {"ratio": 0.01} if hyperparameters is None else hyperparameters
   devices = jax.devices()
   mesh = jax.make_mesh((len(devices),), (AXIS,))
   tx = registry.get(compressor, axis_name=AXIS, **hyperparameters)
-  cluster, samples = calibrate_cluster(mesh, repeats)
-  profile = gradcomp.profile(tx, DEFAULT_SIZES, devices=len(devices), repeats=repeats)
+  launch = launch_seconds(mesh)
+  cluster, samples = calibrate_cluster(mesh, launch, repeats)
+  measured = gradcomp.profile(tx, sizes, devices=len(devices), repeats=repeats)
+  profile = dataclasses.replace(
+    measured,
+    seconds=tuple(max(t - launch, 0.0) for t in measured.seconds),
+    fused_seconds=tuple(max(t - launch, 0.0) for t in measured.fused_seconds),
+  )
   result = {
     "backend": profile.backend,
+    "launch_ms": launch * 1e3,
     "compressor": profile.compressor,
     "cluster": {
       "latency_us": cluster.latency_us,
@@ -134,7 +171,9 @@ def run(
   }
   for model in models:
     work = model_workload(model, backward_ms=0.0)
-    workload = gradcomp.Workload(work.workload.sizes, (0.0,) * len(work.workload.sizes))
+    workload = gradcomp.Workload(
+      work.workload.sizes, (0.0,) * len(work.workload.sizes), forward_seconds=launch
+    )
     cost = gradcomp.CostModel(profile, cluster, workload)
     tree = shapes.make_tree(shapes.MODELS[model]())
     rows = {}
@@ -167,7 +206,8 @@ def run(
 def format_table(result: dict) -> str:
   c = result["cluster"]
   lines = [
-    f"{result['compressor']} on {result['backend']}; calibrated ring: "
+    f"{result['compressor']} on {result['backend']}; launch "
+    f"{result['launch_ms']:.2f} ms; calibrated ring: "
     f"{c['latency_us']:.1f} us, {c['bandwidth_gbps']:.1f} Gbps",
     "",
     "| model | plan | groups | predicted ms | measured ms | measured / predicted |",
