@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run demo test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -11,12 +11,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+WORKDIR ?= workdirs/default
+
+# The default training job (configs/default.py); re-running resumes from WORKDIR.
 run: $(STAMP)
+	$(PY) -m train --config configs/default.py --workdir $(WORKDIR)
+
+demo: $(STAMP)
 	$(PY) -m gradcomp.demo
 
 test: $(STAMP)
-	$(PY) -m ruff format --check gradcomp tests train
-	$(PY) -m ruff check gradcomp tests train
+	$(PY) -m ruff format --check gradcomp tests train configs
+	$(PY) -m ruff check gradcomp tests train configs
 	$(PY) -m pytest -q tests
 
 # Benchmarks use jemalloc when the system has it (apt-get install libjemalloc2):
@@ -31,4 +37,4 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(PY) -m gradcomp.bench sketch
 
 clean:
-	rm -rf $(VENV) bench_out .pytest_cache
+	rm -rf $(VENV) bench_out workdirs .pytest_cache

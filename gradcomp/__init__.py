@@ -25,6 +25,7 @@ from gradcomp._src.memory import error_feedback as error_feedback
 from gradcomp._src.powersgd import powersgd as powersgd
 from gradcomp._src.profile import Profile as Profile
 from gradcomp._src.profile import profile as profile
+from gradcomp._src.profile import profile_for as profile_for
 from gradcomp._src.quantizers import qsgd as qsgd
 from gradcomp._src.quantizers import terngrad as terngrad
 from gradcomp._src.randomk import randomk as randomk

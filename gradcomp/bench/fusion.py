@@ -9,9 +9,10 @@ the host's cores), for a model-shaped gradient tree and a compressor:
    (``gradcomp.profile(..., devices=8)``), minus the launch: ``Comp`` as a
    worker sees it here;
 3. calibrate a :class:`Cluster` for the in-process "network": time
-   all-reduce and all-gather of float32 buffers on the mesh, minus the
-   launch, and fit the ring model's latency and bandwidth (least squares,
-   both kept >= 0);
+   chains of all-reduces and all-gathers of float32 buffers inside one
+   program (each is a rendezvous of all device threads), minus the launch,
+   and fit the ring model's latency and bandwidth (least squares, both kept
+   >= 0);
 4. predict the step time (launch + compression + exchange; the trees have
    no backward pass, so there is nothing to overlap) of the layer-wise,
    single and auto (heuristic) plans with the timeline simulator;
@@ -80,6 +81,27 @@ def _fit_ring(rows, targets) -> tuple[float, float]:
   return alpha, per_byte
 
 
+#: Collectives chained in one program when calibrating: inside a step every
+#: collective is a rendezvous of all device threads, which a lone collective
+#: would hide in the program's launch cost.
+CHAIN = 16
+
+
+def _chain(x, kind: str):
+  """``CHAIN`` dependent collectives of ``kind`` on ``x``."""
+  for _ in range(CHAIN):
+    if kind == "all-reduce":
+      x = jax.lax.psum(x, AXIS) * (1.0 / jax.lax.axis_size(AXIS))
+    else:
+      x = jax.lax.all_gather(x, AXIS, to="invarying")[-1] * 0.5
+    x = jax.lax.pcast(x, AXIS, to="varying") if AXIS not in _varying_axes(x) else x
+  return x
+
+
+def _varying_axes(x):
+  return getattr(jax.typeof(x).manual_axis_type, "varying", ())
+
+
 def calibrate_cluster(
   mesh, launch: float, repeats: int = 5
 ) -> tuple[gradcomp.Cluster, list[dict]]:
@@ -88,23 +110,20 @@ def calibrate_cluster(
   rows, targets, samples = [], [], []
   for kind in ("all-reduce", "all-gather"):
     for size in (2**8, 2**12, 2**16, 2**20, 2**22):
-      if kind == "all-reduce":
-        body = lambda x: jax.lax.psum(x, AXIS)  # noqa: E731
-      else:
-        body = lambda x: jax.lax.all_gather(x, AXIS, to="invarying")  # noqa: E731
       f = jax.jit(
         jax.shard_map(
-          lambda x, s: (body(x), s),
+          lambda x, s, kind=kind: (_chain(x, kind), s),
           mesh=mesh,
           in_specs=P(AXIS),
-          out_specs=(P(), P(AXIS)),
+          out_specs=(P(AXIS), P(AXIS)),
         )
       )
       x = jax.device_put(
         jnp.ones((n * size,), jnp.float32), NamedSharding(mesh, P(AXIS))
       )
       s = jax.device_put(jnp.zeros((n,), jnp.float32), NamedSharding(mesh, P(AXIS)))
-      seconds = max(_median_seconds(f, s, x, repeats=repeats) - launch, 0.0)
+      total = _median_seconds(f, s, x, repeats=repeats)
+      seconds = max(total - launch, 0.0) / CHAIN
       steps, volume = (
         (2 * (n - 1), 2 * (n - 1) / n) if kind == "all-reduce" else (n - 1, n - 1)
       )

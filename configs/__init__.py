@@ -1,0 +1,1 @@
+"""Experiment configs: ``python -m train --config configs/<name>.py``."""

@@ -1,0 +1,87 @@
+r"""An MLP on scikit-learn's digits, Sketch-Fusion SGD over 8 workers.
+
+The default config (DESIGN §3): sketch_topk (paper 000 Alg. 1, 5% of the
+coordinates) inside LayerFusion with one fused buffer, then SGD with momentum,
+on 8 virtual CPU devices. 600 steps of 128 images (53 epochs); on a 2-core
+CPU it takes ~8 s end to end (3 s of it training) and ends at test accuracy
+0.978 (eval_loss 0.074), sending 11,064 bytes per step per worker against
+38,456 with ``none`` (the dense fp32 all-reduce; both include 16 bytes of
+logged metrics and the non-finite agreement):
+
+  python -m train --config configs/default.py --workdir /tmp/wd_default
+
+Other compressors and plans from the command line, e.g.:
+
+  python -m train --config configs/default.py --workdir /tmp/wd_topk \
+    --config.compressor.name=topk --config.compressor.ratio=0.01 \
+    --config.fusion.plan=layerwise
+
+Fields of ``config.compressor`` other than ``name`` are the factory's keyword
+arguments; ``None`` leaves the factory's default, and a set field the chosen
+compressor does not take is ignored with a warning.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def compressor(name: str, **kwargs) -> ml_collections.ConfigDict:
+  """Compressor fields: every known keyword, unset unless given."""
+  c = ml_collections.ConfigDict()
+  c.name = name
+  for key, kind in (
+    ("ratio", float),
+    ("rows", int),
+    ("cols", int),
+    ("rank", int),
+    ("levels", int),
+    ("threshold", float),
+    ("momentum", float),
+    ("seed", int),
+    ("error_feedback", bool),
+  ):
+    c[key] = config_dict.placeholder(kind)
+  c.update(kwargs)
+  return c
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  config.dataset = ml_collections.ConfigDict()
+  config.dataset.name = "digits"
+  config.dataset.data_dir = config_dict.placeholder(str)
+  config.dataset.synthetic = False
+
+  config.model = ml_collections.ConfigDict()
+  config.model.name = "mlp"
+  config.model.features = (128,)
+
+  config.compressor = compressor("sketch_topk", ratio=0.05)
+  config.fusion = ml_collections.ConfigDict()
+  config.fusion.plan = "auto"  # layerwise | single | auto | none
+  config.fusion.search = "heuristic"  # for "auto": heuristic | optimal
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.learning_rate = 0.1
+  config.optimizer.momentum = 0.9
+  config.optimizer.nesterov = False
+  config.optimizer.weight_decay = 0.0
+  config.optimizer.schedule = "constant"  # constant | cosine
+
+  config.global_batch_size = 128
+  # Typed placeholders, so a variant can unset one and the command line can
+  # still set it.
+  config.num_train_steps = config_dict.placeholder(int)
+  config.num_train_steps = 600  # If unset: num_epochs epochs.
+  config.num_epochs = config_dict.placeholder(float)
+  config.eval_batch_size = 512
+
+  config.log_every_steps = 50
+  config.eval_every_steps = 200
+  config.checkpoint_every_steps = 200
+  config.checkpoints_to_keep = 3
+  config.max_consecutive_nonfinite = 10
+  config.profile_steps = 0  # > 0: trace that many steps into workdir/profile.
+  return config

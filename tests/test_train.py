@@ -1,0 +1,318 @@
+"""The training program end to end, on tiny configs (DESIGN §3, STYLE 15).
+
+Checked against independent references: with ``none`` the 8-worker step is
+plain full-batch SGD with momentum written here in a few lines; a run killed
+with SIGKILL and resumed ends bit for bit where an uninterrupted run ends.
+"""
+
+import dataclasses
+import importlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+
+import gradcomp
+from configs import default
+from train import data, launch, logs, models, train
+from train import step as step_lib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A tiny run: short enough for a test, long enough (~1 s of steps) that a
+# SIGKILL after the first checkpoint lands mid-run.
+TINY = {
+  "model.features": (16,),
+  "compressor.ratio": 0.1,
+  # Not the default "auto": a plan from a profile measured in each process
+  # could differ between the runs the resume test compares.
+  "fusion.plan": "single",
+  "global_batch_size": 64,
+  "num_train_steps": 240,
+  "log_every_steps": 40,
+  "eval_every_steps": 120,
+  "checkpoint_every_steps": 40,
+}
+
+
+def tiny_config(**overrides):
+  config = default.get_config()
+  for key, value in {**TINY, **overrides}.items():
+    node = config
+    *path, last = key.split(".")
+    for name in path:
+      node = node[name]
+    node[last] = value
+  return config
+
+
+def command_line(workdir, **overrides):
+  flags = [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]
+  return [
+    sys.executable,
+    "-m",
+    "train",
+    f"--config={ROOT / 'configs' / 'default.py'}",
+    f"--workdir={workdir}",
+    *flags,
+  ]
+
+
+def leaves(tree):
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  """The tiny default (sketch_topk, single plan) trained once for the module."""
+  workdir = tmp_path_factory.mktemp("tiny")
+  return workdir, train.train_and_evaluate(tiny_config(), workdir)
+
+
+def test_tiny_run_learns(tiny_run):
+  _, result = tiny_run
+  assert result.eval_metrics["eval_accuracy"] > 0.8, result.eval_metrics
+
+
+def test_metrics_and_run_files(tiny_run):
+  workdir, result = tiny_run
+  rows = logs.read_metrics(workdir / "metrics.jsonl")
+  train_rows = [r for r in rows if "loss" in r]
+  eval_rows = [r for r in rows if "eval_loss" in r]
+  assert [r["step"] for r in train_rows] == list(range(40, 241, 40))
+  assert [r["step"] for r in eval_rows] == [120, 240]
+  for r in train_rows:
+    assert {"loss", "samples_per_sec", "wire_bytes_per_step", "l2_grads"} <= set(r)
+    assert r["nonfinite_steps"] == 0
+  assert eval_rows[-1]["eval_accuracy"] == pytest.approx(
+    result.eval_metrics["eval_accuracy"]
+  )
+  # Sketch (4.75 k floats) + k exact values, k = 10% of the coordinates:
+  # below the dense fp32 all-reduce of every parameter.
+  params = result.state["params"]
+  dense = 4 * sum(x.size for x in jax.tree.leaves(params))
+  assert 0 < train_rows[0]["wire_bytes_per_step"] < 0.7 * dense
+  config = json.loads((workdir / "config.json").read_text())
+  assert config["compressor"]["name"] == "sketch_topk"
+  assert config["model"]["features"] == [16]
+  plan = gradcomp.Plan.from_json((workdir / "plan.json").read_text())
+  assert plan.num_leaves == len(jax.tree.leaves(params))
+  assert len(plan.groups) == 1
+  # Gradient-ready order: the output layer's leaves first.
+  names = [jax.tree_util.keystr(p) for p, _ in jax.tree.leaves_with_path(params)]
+  assert all("out" in names[i] for i in plan.order[:2]), (names, plan.order)
+
+
+def test_residuals_are_per_worker_and_momentum_replicated(tiny_run):
+  _, result = tiny_run
+  opt_state = result.state["opt_state"]
+  fusion, (trace, _) = opt_state.inner_state
+  (residual,) = [np.asarray(leaf.residual) for leaf in fusion.inner.leaves]
+  workers = jax.device_count()
+  assert residual.shape[0] == workers
+  assert not np.allclose(residual[0], residual[1])
+  params = result.state["params"]
+  assert jax.tree.map(jnp.shape, trace.trace) == jax.tree.map(jnp.shape, params)
+
+
+def test_none_equals_single_device_full_batch_sgd(tmp_path):
+  steps, lr = 30, 0.1
+  config = tiny_config(num_train_steps=steps, eval_every_steps=steps)
+  config.compressor.name = "none"
+  config.compressor.ratio = None
+  result = train.train_and_evaluate(config, tmp_path)
+
+  # Reference: one device, whole batch, optax.sgd; nothing from train.step.
+  ds = data.load("digits")
+  model = models.create("mlp", 10, features=(16,))
+  init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
+  params = model.init(init_rng, jnp.zeros((1, 8, 8, 1)))["params"]
+  tx = optax.sgd(lr, momentum=0.9)
+  state = tx.init(params)
+
+  @jax.jit
+  def step(params, state, x, y):
+    def loss(p):
+      logits = model.apply({"params": p}, x)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    updates, state = tx.update(jax.grad(loss)(params), state)
+    return optax.apply_updates(params, updates), state
+
+  it = data.batches(ds.x_train, ds.y_train, config.global_batch_size, config.seed)
+  for _ in range(steps):
+    params, state = step(params, state, *next(it))
+  for got, want in zip(leaves(result.state["params"]), leaves(params), strict=True):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def _final_state(workdir, like):
+  from train import checkpoint
+
+  ckpt = checkpoint.Checkpointer(workdir / "checkpoints", 3)
+  try:
+    step = ckpt.latest_step()
+    return step, ckpt.restore(step, like)
+  finally:
+    ckpt.close()
+
+
+def test_sigkill_then_resume_is_bit_exact(tiny_run, tmp_path):
+  reference_dir, reference = tiny_run
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", launch.ENV_CPU_DEVICES: "8"}
+  cmd = command_line(tmp_path)
+  proc = subprocess.Popen(
+    cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+  )
+  checkpoints = tmp_path / "checkpoints"
+  deadline = time.monotonic() + 120
+  while time.monotonic() < deadline and proc.poll() is None:
+    if checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
+      break
+    time.sleep(0.005)
+  assert proc.poll() is None, "the run ended before it could be killed"
+  proc.send_signal(signal.SIGKILL)
+  _, stderr = proc.communicate()
+  killed_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+  assert killed_at < TINY["num_train_steps"], stderr.decode()[-2000:]
+
+  resumed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "resumed from its checkpoint" in resumed.stderr
+
+  like = reference.state
+  step_a, want = _final_state(reference_dir, like)
+  step_b, got = _final_state(tmp_path, like)
+  assert step_a == step_b == TINY["num_train_steps"]
+  for a, b in zip(leaves(got), leaves(want), strict=True):
+    np.testing.assert_array_equal(a, b)
+  # The resumed run rewrote the rows past its checkpoint: one per step.
+  rows = [r for r in logs.read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
+  assert [r["step"] for r in rows] == list(range(40, 241, 40))
+
+
+def poisoned_digits(rows):
+  """Digits whose training images ``rows`` are NaN."""
+  ds = data.load("digits")
+  x = ds.x_train.copy()
+  x[rows] = np.nan
+  return dataclasses.replace(ds, x_train=x)
+
+
+def test_nonfinite_steps_are_skipped(tmp_path, monkeypatch):
+  # One NaN image: the one step per epoch whose batch holds it is skipped on
+  # every worker, and training goes on.
+  monkeypatch.setattr(train, "_dataset", lambda config: poisoned_digits([0]))
+  config = tiny_config(num_train_steps=50, log_every_steps=50, eval_every_steps=50)
+  result = train.train_and_evaluate(config, tmp_path)
+  (row,) = [r for r in logs.read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
+  rows = np.arange(len(data.load("digits").y_train))
+  batches = data.batches(rows, rows, 64, config.seed)
+  expected = sum(0 in next(batches)[0] for _ in range(50))
+  assert expected > 0 and row["nonfinite_steps"] == expected
+  assert row["loss"] is not None and np.isfinite(row["loss"])
+  for leaf in leaves(result.state):
+    if np.issubdtype(leaf.dtype, np.floating):
+      assert np.isfinite(leaf).all()
+
+
+def test_run_stops_after_consecutive_nonfinite_steps(tmp_path, monkeypatch):
+  monkeypatch.setattr(train, "_dataset", lambda config: poisoned_digits(slice(None)))
+  config = tiny_config(checkpoint_every_steps=1, max_consecutive_nonfinite=3)
+  with pytest.raises(train.NonFiniteError, match="non-finite in 3 consecutive steps"):
+    train.train_and_evaluate(config, tmp_path)
+  rows = logs.read_metrics(tmp_path / "metrics.jsonl")
+  last = {k: v for k, v in rows[-1].items() if k != "wall_time"}
+  assert last == {"step": 3, "nonfinite_steps": 3, "stopped": True}
+  # Skipped steps leave the state as it was: every checkpoint is finite.
+  saved = sorted(p for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved
+  restored = ocp.StandardCheckpointer().restore(saved[-1] / "default")
+  for leaf in leaves(restored):
+    if np.issubdtype(leaf.dtype, np.floating):
+      assert np.isfinite(leaf).all()
+
+
+@pytest.mark.parametrize(
+  ("overrides", "message"),
+  [
+    ({"compressor.name": "gzip"}, "unknown compressor 'gzip'.*sketch_topk"),
+    ({"model.name": "transformer"}, "unknown model 'transformer'.*mlp"),
+    ({"global_batch_size": 60}, "60 is not divisible by the 8 devices"),
+    ({"fusion.plan": "greedy"}, "unknown fusion plan 'greedy'"),
+  ],
+)
+def test_bad_config_is_a_clear_error(tmp_path, overrides, message):
+  with pytest.raises(ValueError, match=message):
+    train.train_and_evaluate(tiny_config(**overrides), tmp_path)
+
+
+def test_device_count_is_kept_once_jax_runs():
+  launch.configure_cpu_devices(jax.device_count())
+  launch.configure_cpu_devices(3)  # Already initialised: a warning, no error.
+  assert jax.device_count() == 8
+
+
+def test_layout_names_the_per_worker_leaves():
+  mesh = jax.make_mesh((jax.device_count(),), (step_lib.AXIS,))
+  model = models.create("mlp", 10, features=(4,))
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
+  config = tiny_config()
+  tx, _ = train.optimizer_lib.create(config, range(4), 10, step_lib.AXIS)
+  batch = (
+    jax.ShapeDtypeStruct((64, 8, 8, 1), jnp.float32),
+    jax.ShapeDtypeStruct((64,), jnp.int32),
+  )
+  layout = step_lib.infer_layout(model, tx, mesh, params, {}, tx.init(params), batch)
+  per_worker = [
+    jax.tree_util.keystr(path)
+    for path, w in jax.tree.leaves_with_path(layout.per_worker)
+    if w
+  ]
+  assert len(per_worker) == 1 and "residual" in per_worker[0], per_worker
+
+
+@pytest.mark.parametrize(
+  ("name", "model", "epochs", "batch", "lr"),
+  [
+    ("resnet20_cifar10", "resnet20", 140, 128, 0.1),
+    ("vgg16_cifar10", "vgg16", 140, 128, 0.1),
+    ("resnet50_imagenet", "resnet50", 140, 128, 0.01),
+    ("lstm_ptb", "lstm", 65, 32, 0.01),
+  ],
+)
+def test_paper_configs_carry_table_3(tmp_path, name, model, epochs, batch, lr):
+  config = importlib.import_module(f"configs.{name}").get_config()
+  assert (config.model.name, config.num_epochs) == (model, epochs)
+  assert (config.global_batch_size, config.optimizer.learning_rate) == (batch, lr)
+  assert config.num_train_steps is None
+  config.dataset.data_dir = str(tmp_path)  # Empty: a clear error, not a crash.
+  with pytest.raises(data.DatasetNotFoundError, match="not found: expected"):
+    train.train_and_evaluate(config, tmp_path / "workdir")
+
+
+def test_auto_plan_is_chosen_saved_and_reused_on_resume(tmp_path):
+  config = tiny_config(**{"fusion.plan": "auto", "num_train_steps": 2})
+  first = train.train_and_evaluate(config, tmp_path)
+  plan = gradcomp.Plan.from_json((tmp_path / "plan.json").read_text())
+  assert plan.num_leaves == len(jax.tree.leaves(first.state["params"]))
+  # A resumed run keeps the saved plan (its checkpoint is shaped by it), even
+  # one a fresh profile would not choose.
+  forced = gradcomp.Plan.layerwise(plan.order)
+  (tmp_path / "plan.json").write_text(forced.to_json())
+  for path in (tmp_path / "checkpoints").iterdir():
+    shutil.rmtree(path)
+  config.num_train_steps = 4
+  train.train_and_evaluate(config, tmp_path)
+  assert gradcomp.Plan.from_json((tmp_path / "plan.json").read_text()) == forced

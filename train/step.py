@@ -1,0 +1,267 @@
+"""The data-parallel training step and where its state lives (DESIGN §3).
+
+One ``Mesh`` over all devices with axis ``"data"``; the step is
+``jax.jit(jax.shard_map(...))``: each worker computes its local loss and
+gradient, ``tx.update`` compresses and exchanges (DESIGN §1), and every worker
+applies the same mean update.
+
+Layout. Params are replicated for synchronous algorithms (``Layout.params``
+is the one place that says so; gossip will make it per worker). Optimizer
+state is split by what the types say: a leaf that ``shard_map``'s
+varying-manual-axes typing marks as varying over ``"data"`` after one update
+(error-feedback residuals, PowerSGD's Q) is genuinely per worker and carries a
+leading worker axis sharded over ``"data"``; everything else (the momentum
+trace, computed from the exchanged mean; step counters; the shared PRNG key)
+is replicated. Giving the momentum trace a worker axis too would type the
+updates, and so the params, as varying, which ``out_specs=P()`` rejects
+without an extra all-reduce (BUILD_NOTES, issue 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import gradcomp
+
+AXIS = "data"
+
+Batch = tuple[jax.Array, jax.Array]
+
+
+def _varying(x) -> bool:
+  """Whether ``x``, traced inside ``shard_map``, is typed varying over AXIS."""
+  aval = jax.typeof(x)
+  vma = getattr(aval, "vma", None)
+  if vma is None:  # JAX 0.10 keeps it in the manual axis type.
+    vma = aval.manual_axis_type.varying
+  return AXIS in vma
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where the train state lives on the mesh.
+
+  Attributes:
+    mesh: the mesh, one axis ``AXIS`` over all devices.
+    params: spec of every param and model-state leaf: ``P()`` (replicated).
+    per_worker: a tree over the optimizer state's leaves: ``True`` where the
+      leaf carries a leading worker axis sharded over ``AXIS``.
+  """
+
+  mesh: Mesh
+  params: P
+  per_worker: Any
+
+  @property
+  def num_workers(self) -> int:
+    return self.mesh.shape[AXIS]
+
+  def opt_specs(self):
+    return jax.tree.map(lambda w: P(AXIS) if w else P(), self.per_worker)
+
+  def shardings(self, specs):
+    return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs)
+
+  def to_global(self, opt_state):
+    """Per-worker leaves of a one-worker state repeated for every worker."""
+    return jax.tree.map(
+      lambda x, w: gradcomp.add_worker_axis(x, self.num_workers) if w else x,
+      opt_state,
+      self.per_worker,
+    )
+
+  def place(self, params, model_state, opt_state):
+    """``(params, model_state, global opt_state)`` put on the mesh."""
+    put = lambda tree, spec: jax.device_put(tree, NamedSharding(self.mesh, spec))
+    return (
+      put(params, self.params),
+      put(model_state, self.params),
+      jax.device_put(opt_state, self.shardings(self.opt_specs())),
+    )
+
+
+def _drop(opt_state, per_worker):
+  return jax.tree.map(lambda x, w: x[0] if w else x, opt_state, per_worker)
+
+
+def _add(opt_state, per_worker):
+  return jax.tree.map(lambda x, w: x[None] if w else x, opt_state, per_worker)
+
+
+def cross_entropy(logits, labels) -> tuple[jax.Array, jax.Array]:
+  """Per-example (per-token for sequences) losses and correctness."""
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  return loss, correct
+
+
+def loss_fn(model: nn.Module, params, model_state, x, y, *, train: bool):
+  """Mean cross-entropy and ``(accuracy, new model state)``."""
+  variables = {"params": params, **model_state}
+  if train and model_state:
+    logits, new_state = model.apply(variables, x, train=True, mutable=list(model_state))
+  else:
+    logits, new_state = model.apply(variables, x, train=train), model_state
+  loss, correct = cross_entropy(logits, y)
+  return jnp.mean(loss), (jnp.mean(correct), new_state)
+
+
+def _body(
+  model, tx, layout: Layout, params, model_state, opt_state, batch, *, probe=None
+):
+  """One worker's step; with ``probe``, records which new state is varying."""
+  x, y = batch
+  per_worker = layout.per_worker
+  opt_state = _drop(opt_state, per_worker)
+  # Differentiate a per-worker copy: the gradient of replicated params comes
+  # back already summed over workers (psum is pvary's transpose).
+  local = jax.lax.pcast(params, AXIS, to="varying")
+  local_state = jax.lax.pcast(model_state, AXIS, to="varying")
+  grad_fn = jax.value_and_grad(
+    functools.partial(loss_fn, model, train=True), has_aux=True
+  )
+  (loss, (accuracy, new_model_state)), grads = grad_fn(local, local_state, x, y)
+  # A non-finite local loss (with finite gradients, e.g. log(0) clipped)
+  # poisons the local gradient, so the agreed skip of apply_if_finite covers it.
+  grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
+  updates, new_opt_state = tx.update(grads, opt_state, params)
+  if probe is not None:
+    probe.append(jax.tree.map(_varying, new_opt_state))
+  applied = new_opt_state.last_finite
+  new_params = optax.apply_updates(params, updates)
+  # Batch statistics are averaged over workers (synchronous BN), and kept
+  # when the step is skipped.
+  new_model_state = jax.tree.map(
+    lambda new, old: jnp.where(applied, new, old),
+    jax.lax.pmean(new_model_state, AXIS),
+    model_state,
+  )
+  # One small all-reduce for every logged per-worker scalar.
+  loss, accuracy, grad_sq = jax.lax.pmean(
+    jnp.stack([loss, accuracy, optax.tree.norm(grads, squared=True)]), AXIS
+  )
+  metrics = {
+    "loss": loss,
+    "accuracy": accuracy,
+    "l2_grads": jnp.sqrt(grad_sq),
+    "l2_updates": optax.tree.norm(updates),
+    "skipped": ~applied,
+    "consecutive_nonfinite": new_opt_state.notfinite_count,
+    "nonfinite_steps": new_opt_state.total_notfinite,
+  }
+  return new_params, new_model_state, _add(new_opt_state, per_worker), metrics
+
+
+def infer_layout(
+  model, tx, mesh: Mesh, params, model_state, opt_state, batch
+) -> Layout:
+  """The layout whose per-worker leaves are exactly those typed varying.
+
+  Traces the step (no compile, no run) with a candidate set of per-worker
+  leaves, starting from none, and adds every leaf that comes out varying until
+  nothing changes (a leaf can turn varying only because another one did).
+
+  Args:
+    model: the flax module.
+    tx: the optimizer, with ``axis_name=AXIS``.
+    mesh: the mesh.
+    params: params, arrays or ``jax.ShapeDtypeStruct``.
+    model_state: non-param collections (``batch_stats``), possibly ``{}``.
+    opt_state: ``tx.init(params)``, without worker axes.
+    batch: one global batch (arrays or ``jax.ShapeDtypeStruct``).
+  """
+  per_worker = jax.tree.map(lambda _: False, opt_state)
+  for _ in range(len(jax.tree.leaves(opt_state)) + 1):
+    layout = Layout(mesh, P(), per_worker)
+    found = []
+
+    def probe(params, model_state, opt_state, batch, layout=layout, found=found):
+      _body(model, tx, layout, params, model_state, opt_state, batch, probe=found)
+      return jnp.zeros(())
+
+    state = layout.to_global(opt_state)
+    abstract = lambda tree, shardings: jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype, sharding=s),
+      tree,
+      shardings,
+    )
+    full = lambda spec: NamedSharding(mesh, spec)
+    args = (
+      abstract(params, jax.tree.map(lambda _: full(P()), params)),
+      abstract(model_state, jax.tree.map(lambda _: full(P()), model_state)),
+      abstract(jax.eval_shape(lambda: state), layout.shardings(layout.opt_specs())),
+      abstract(batch, jax.tree.map(lambda _: full(P(AXIS)), batch)),
+    )
+    jax.eval_shape(
+      jax.shard_map(
+        probe,
+        mesh=mesh,
+        in_specs=(P(), P(), layout.opt_specs(), P(AXIS)),
+        out_specs=P(),
+      ),
+      *args,
+    )
+    grown = jax.tree.map(lambda a, b: a or b, per_worker, found[0])
+    if grown == per_worker:
+      return layout
+    per_worker = grown
+  raise AssertionError("unreachable: the per-worker set grows at most once per leaf")
+
+
+def make_train_step(model, tx, layout: Layout) -> Callable:
+  """``step(params, model_state, opt_state, batch) -> (..., metrics)``, jitted.
+
+  Params, model state and optimizer state are donated; ``batch`` is sharded
+  over ``AXIS`` along its first axis; metrics are replicated scalars.
+  """
+  opt_specs = layout.opt_specs()
+  return jax.jit(
+    jax.shard_map(
+      functools.partial(_body, model, tx, layout),
+      mesh=layout.mesh,
+      in_specs=(layout.params, layout.params, opt_specs, P(AXIS)),
+      out_specs=(layout.params, layout.params, opt_specs, P()),
+    ),
+    donate_argnums=(0, 1, 2),
+  )
+
+
+def make_eval_step(model, layout: Layout) -> Callable:
+  """``eval(params, model_state, x, y, w) -> (sum loss, sum correct, count)``.
+
+  Each worker evaluates its shard of the batch; ``w`` weights the examples
+  (0 for padding). The sums are over all workers, replicated.
+  """
+
+  def evaluate(params, model_state, x, y, w):
+    logits = model.apply({"params": params, **model_state}, x, train=False)
+    loss, correct = cross_entropy(logits, y)
+    w = jnp.broadcast_to(w.reshape(w.shape + (1,) * (loss.ndim - 1)), loss.shape)
+    sums = jnp.stack([jnp.sum(loss * w), jnp.sum(correct * w), jnp.sum(w)])
+    return jax.lax.psum(sums, AXIS)
+
+  return jax.jit(
+    jax.shard_map(
+      evaluate,
+      mesh=layout.mesh,
+      in_specs=(layout.params, layout.params, P(AXIS), P(AXIS), P(AXIS)),
+      out_specs=P(),
+    )
+  )
+
+
+def shard_batch(mesh: Mesh, local: tuple[np.ndarray, ...]):
+  """This process's rows of a global batch, as arrays sharded over ``AXIS``."""
+  sharding = NamedSharding(mesh, P(AXIS))
+  return tuple(jax.make_array_from_process_local_data(sharding, a) for a in local)
