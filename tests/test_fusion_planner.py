@@ -19,23 +19,11 @@ from gradcomp._src import fusion_search
 from gradcomp._src import profile as profile_lib
 from gradcomp._src.spec import spec_of
 from gradcomp._src.wire import collective_bytes
+from gradcomp.bench.fusion import SEARCH_COMPRESSORS
 
 import harness
 
-REGISTRY_KWARGS = {
-  "none": {},
-  "fp16": {},
-  "topk": {"ratio": 0.01},
-  "randomk": {"ratio": 0.01},
-  "dgc": {"ratio": 0.01},
-  "qsgd": {},
-  "terngrad": {},
-  "signsgd": {},
-  "ef_signsgd": {},
-  "powersgd": {},
-  "threshold_quantize": {},
-  "sketch_topk": {"ratio": 0.01},
-}
+REGISTRY_KWARGS = SEARCH_COMPRESSORS  # one configuration per compressor
 
 
 def synthetic_profile(call=2e-4, per_value=4e-9, fused_extra=1e-9, label="x"):

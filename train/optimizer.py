@@ -107,9 +107,7 @@ def fusion_plan(
       return saved
     if sizes is None or inner is None:
       raise ValueError("config.fusion.plan='auto' needs the leaf sizes and compressor")
-    grid = tuple(2**p for p in range(4, 25, 4))
-    reach = next((s for s in grid if s >= sum(sizes)), grid[-1])
-    profile = gradcomp.profile_for(inner, tuple(s for s in grid if s <= reach))
+    profile = gradcomp.profile_for(inner, up_to=sum(sizes))
     cluster = gradcomp.Cluster(jax.device_count())
     plan = gradcomp.auto_plan(sizes, order, profile, cluster, method=cfg.search)
     return _same_on_every_process(plan)

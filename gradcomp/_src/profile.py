@@ -278,18 +278,22 @@ def traced_wire(tx_for_axis, size: int) -> dict[str, tuple[int, int]]:
 # -- timing ------------------------------------------------------------------
 
 
-def _median_seconds(fn, args, state, repeats: int) -> float:
-  """Median of ``repeats`` calls of ``state = fn(*args, state)``, after a warm-up."""
+def steady_state_seconds(fn, state, *args, repeats: int) -> float:
+  """Median of ``repeats`` calls of ``fn(*args, state)``, after a warm-up.
+
+  ``fn`` returns a tuple whose last entry is the next ``state`` (donated and
+  fed back, as in a training step).
+  """
   out = fn(*args, state)
   jax.block_until_ready(out)
-  state = out[1]
+  state = out[-1]
   times = []
   for _ in range(repeats + 1):
     t0 = time.perf_counter()
     out = fn(*args, state)
     jax.block_until_ready(out)
     times.append(time.perf_counter() - t0)
-    state = out[1]
+    state = out[-1]
   return statistics.median(times[1:])
 
 
@@ -303,7 +307,7 @@ def _time_update(tx, leaves: list, devices: int, repeats: int) -> float:
   if devices == 1:
     state = tx.init(leaves)
     fn = jax.jit(lambda g, s: tx.update(g, s), donate_argnums=1)
-    return _median_seconds(fn, (leaves,), state, repeats)
+    return steady_state_seconds(fn, state, leaves, repeats=repeats)
   mesh = jax.make_mesh((devices,), ("devices",))
   sharding = NamedSharding(mesh, P("devices"))
   grads = jax.device_put(add_worker_axis(leaves, devices), sharding)
@@ -317,7 +321,7 @@ def _time_update(tx, leaves: list, devices: int, repeats: int) -> float:
     jax.shard_map(step, mesh=mesh, in_specs=P("devices"), out_specs=P("devices")),
     donate_argnums=1,
   )
-  return _median_seconds(fn, (grads,), state, repeats)
+  return steady_state_seconds(fn, state, grads, repeats=repeats)
 
 
 def _pieces(size: int, count: int) -> list[int]:
@@ -425,9 +429,19 @@ def profile(
 _PROFILES: dict[tuple[str, tuple[int, ...]], Profile] = {}
 
 
-def profile_for(tx: optax.GradientTransformation, sizes=AUTO_SIZES) -> Profile:
-  """:func:`profile` of ``tx`` on one device, measured once per process and sizes."""
-  key = (_label_of(tx), _validated_sizes(sizes))
+def profile_for(
+  tx: optax.GradientTransformation, sizes=AUTO_SIZES, up_to: int | None = None
+) -> Profile:
+  """:func:`profile` of ``tx`` on one device, measured once per process and sizes.
+
+  With ``up_to``, only the sizes up to the first one that reaches ``up_to``
+  are timed (a small model need not be timed at 2^24 values).
+  """
+  sizes = _validated_sizes(sizes)
+  if up_to is not None:
+    reach = next((s for s in sizes if s >= up_to), sizes[-1])
+    sizes = tuple(s for s in sizes if s <= reach)
+  key = (_label_of(tx), sizes)
   if key not in _PROFILES:
     _PROFILES[key] = profile(tx, key[1])
   return _PROFILES[key]

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import math
 import os
 import platform
@@ -49,6 +48,7 @@ import numpy as np
 
 from gradcomp._src import shapes as shapes_lib
 from gradcomp.bench import timing
+from gradcomp.bench.output import write_json
 
 _F32 = 4  # bytes per float32 element
 _I32 = 4  # bytes per int32 index
@@ -345,10 +345,7 @@ def run(
     "rows": rows,
   }
   print(format_table(result))
-  os.makedirs(out_dir, exist_ok=True)
-  path = os.path.join(out_dir, "compress.json")
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
+  path = write_json(out_dir, "compress.json", result)
   print(f"\nwrote {path} ({result['wall_s']:.0f} s)")
   return result
 

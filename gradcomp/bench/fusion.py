@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import statistics
 import time
 
 import jax
@@ -38,24 +37,11 @@ from jax.sharding import PartitionSpec as P
 
 import gradcomp
 from gradcomp._src import registry, shapes
-from gradcomp._src.profile import DEFAULT_SIZES, backend_name
+from gradcomp._src.profile import DEFAULT_SIZES, backend_name, steady_state_seconds
+from gradcomp.bench.output import write_json
 from gradcomp.fusion import model_workload
 
 AXIS = "data"
-
-
-def _median_seconds(fn, state, *args, repeats: int) -> float:
-  out = fn(*args, state)
-  jax.block_until_ready(out)
-  state = out[-1]
-  times = []
-  for _ in range(repeats + 1):
-    t0 = time.perf_counter()
-    out = fn(*args, state)
-    jax.block_until_ready(out)
-    times.append(time.perf_counter() - t0)
-    state = out[-1]
-  return statistics.median(times[1:])
 
 
 def launch_seconds(mesh, repeats: int = 20) -> float:
@@ -67,7 +53,7 @@ def launch_seconds(mesh, repeats: int = 20) -> float:
     donate_argnums=0,
   )
   s = jax.device_put(jnp.zeros((mesh.devices.size,)), NamedSharding(mesh, P(AXIS)))
-  return _median_seconds(lambda s: f(s), s, repeats=repeats)
+  return steady_state_seconds(lambda s: f(s), s, repeats=repeats)
 
 
 def _fit_ring(rows, targets) -> tuple[float, float]:
@@ -122,7 +108,7 @@ def calibrate_cluster(
         jnp.ones((n * size,), jnp.float32), NamedSharding(mesh, P(AXIS))
       )
       s = jax.device_put(jnp.zeros((n,), jnp.float32), NamedSharding(mesh, P(AXIS)))
-      total = _median_seconds(f, s, x, repeats=repeats)
+      total = steady_state_seconds(f, s, x, repeats=repeats)
       seconds = max(total - launch, 0.0) / CHAIN
       steps, volume = (
         (2 * (n - 1), 2 * (n - 1) / n) if kind == "all-reduce" else (n - 1, n - 1)
@@ -152,7 +138,7 @@ def measure_step(tx, tree, mesh, repeats: int) -> float:
     jax.shard_map(step, mesh=mesh, in_specs=P(AXIS), out_specs=(P(), P(AXIS))),
     donate_argnums=1,
   )
-  return _median_seconds(f, state, grads, repeats=repeats)
+  return steady_state_seconds(f, state, grads, repeats=repeats)
 
 
 def run(
@@ -190,9 +176,7 @@ def run(
   }
   for model in models:
     work = model_workload(model, backward_ms=0.0)
-    workload = gradcomp.Workload(
-      work.workload.sizes, (0.0,) * len(work.workload.sizes), forward_seconds=launch
-    )
+    workload = dataclasses.replace(work.workload, forward_seconds=launch)
     cost = gradcomp.CostModel(profile, cluster, workload)
     tree = shapes.make_tree(shapes.MODELS[model]())
     rows = {}
@@ -215,9 +199,7 @@ def run(
       "order_predicted": by_prediction,
       "order_measured": by_measurement,
     }
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "fusion_check.json"), "w") as f:
-    json.dump(result, f, indent=1)
+  write_json(out_dir, "fusion_check.json", result)
   print(format_table(result))
   return result
 
@@ -323,9 +305,7 @@ def search_table(
       flush=True,
     )
   result = {"backend": backend_name(1), "workers": workers, "rows": rows}
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "fusion_search.json"), "w") as f:
-    json.dump(result, f, indent=1)
+  write_json(out_dir, "fusion_search.json", result)
   print(format_search_table(result))
   return result
 

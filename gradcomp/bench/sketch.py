@@ -13,8 +13,6 @@ aliased), as a multiple of the gradient's size. Issue 3's targets: (3) under
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from typing import Any
 
@@ -25,6 +23,7 @@ import gradcomp
 from gradcomp._src import checks, count_sketch, shapes
 from gradcomp._src.sketch_topk import default_cols, heavymix
 from gradcomp.bench import timing
+from gradcomp.bench.output import write_json
 
 ROWS, RATIO, SEED = 5, 0.01, 0
 
@@ -118,7 +117,5 @@ def run(
       f"| {r['stage']} | {r['median_ms']:.1f} | {r['min_ms']:.1f} "
       f"| {r['peak_over_gradient']:.2f}x |"
     )
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "sketch.json"), "w") as f:
-    json.dump(result, f, indent=1)
+  write_json(out_dir, "sketch.json", result)
   return result
