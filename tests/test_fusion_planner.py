@@ -178,6 +178,7 @@ def test_ring_and_parameter_server_closed_forms():
     ({"workers": 2, "bandwidth_gbps": 0}, "bandwidth_gbps"),
     ({"workers": 2, "latency_us": -1}, "latency_us"),
     ({"workers": 2, "topology": "torus"}, "topology"),
+    ({"workers": 2, "overlap": "no"}, "overlap"),
   ],
 )
 def test_bad_clusters_raise(kwargs, message):
@@ -188,14 +189,14 @@ def test_bad_clusters_raise(kwargs, message):
 # -- the timeline --------------------------------------------------------------------
 
 
-def random_model(rng, n, workers=8, bandwidth=10.0):
+def random_model(rng, n, workers=8, bandwidth=10.0, overlap=True):
   workload = gradcomp.Workload(
     sizes=tuple(int(s) for s in rng.integers(1, 2**21, n)),
     backward_seconds=tuple(rng.uniform(0, 3e-3, n)),
     forward_seconds=1e-3,
     update_seconds=2e-4,
   )
-  cluster = gradcomp.Cluster(workers, bandwidth)
+  cluster = gradcomp.Cluster(workers, bandwidth, overlap=overlap)
   return gradcomp.CostModel(synthetic_profile(), cluster, workload)
 
 
@@ -216,9 +217,27 @@ def test_timeline_closed_form_two_groups():
   assert model.iteration_seconds((2,))[0] == pytest.approx(14.0)
 
 
-def test_vectorised_cost_equals_the_event_replay():
+def test_without_overlap_exchanges_run_on_the_compute_stream():
+  profile = synthetic_profile(call=1.0, per_value=0.0, fused_extra=0.0)
+  workload = gradcomp.Workload((10, 10, 10), (2.0, 1.0, 4.0), forward_seconds=3.0)
+  cluster = gradcomp.Cluster(2, latency_us=1e6, bandwidth_gbps=1e9, overlap=False)
+  model = gradcomp.CostModel(profile, cluster, workload)
+  t = model.timeline((2,))
+  # Group 1: ready 6, compressed 7, exchanged 7..9 on the stream; leaf 2's
+  # backward waits for it: ready 9+4=13, compressed 14, exchanged 14..16.
+  assert t.ready == pytest.approx((6.0, 13.0))
+  assert t.comm_start == pytest.approx((7.0, 14.0))
+  assert t.iteration_seconds == pytest.approx(16.0)
+  assert t.overlap_seconds == 0.0
+  assert model.iteration_seconds((2,))[0] == pytest.approx(16.0)
+  # Serial exchanges: the sum of every cost, whatever the plan.
+  assert model.iteration_seconds(())[0] == pytest.approx(3 + 7 + 1 + 2)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_vectorised_cost_equals_the_event_replay(overlap):
   rng = np.random.default_rng(0)
-  model = random_model(rng, 9)
+  model = random_model(rng, 9, overlap=overlap)
   rows = np.array(list(itertools.combinations(range(1, 9), 3)))
   batched = model.iteration_seconds(rows)
   for row, seconds in zip(rows, batched, strict=True):
@@ -232,7 +251,9 @@ def test_vectorised_cost_equals_the_event_replay():
 def test_dp_equals_brute_force_and_heuristic_is_bounded(seed):
   rng = np.random.default_rng(seed)
   n = int(rng.integers(1, 13))
-  model = random_model(rng, n, int(rng.integers(1, 17)), float(rng.choice([1, 100])))
+  model = random_model(
+    rng, n, int(rng.integers(1, 17)), float(rng.choice([1, 100])), seed % 2 == 0
+  )
   optimal, optimal_f = gradcomp.optimal_search(model)
   _, brute_f = fusion_search.brute_force_search(model)
   assert optimal_f == pytest.approx(brute_f, rel=1e-12)
@@ -242,6 +263,16 @@ def test_dp_equals_brute_force_and_heuristic_is_bounded(seed):
   assert optimal_f <= heuristic_f * (1 + 1e-12)
   assert heuristic_f <= model.iteration_seconds(())[0]
   assert heuristic_f <= model.iteration_seconds(tuple(range(1, n)))[0]
+
+
+def test_heuristic_keeps_one_group_unless_splitting_gains_more_than_eps():
+  # Two leaves on one worker: layer-wise saves the fused curve's 1e-6 s for
+  # one more call (5e-7 s), a gain of about 1e-4 of the step.
+  profile = synthetic_profile(call=5e-7, per_value=4e-9, fused_extra=1e-12)
+  workload = gradcomp.Workload((2**20, 16), (0.0, 0.0))
+  model = gradcomp.CostModel(profile, gradcomp.Cluster(1), workload)
+  assert gradcomp.heuristic_search(model, eps=0.0)[0] == (1,)
+  assert gradcomp.heuristic_search(model, eps=1e-3)[0] == ()
 
 
 def test_heuristic_on_resnet50_is_fast_near_optimal_and_deterministic():

@@ -19,6 +19,13 @@ all-reduce, Algorithm 2; parameter server, §2):
 
 ``alpha`` counts once per collective the compressor issues (a two-round
 compressor pays it twice). One worker exchanges nothing.
+
+``overlap`` says whether an exchange can proceed while the worker computes:
+true for a network with its own engine (a NIC, NCCL's copy engines), false
+when the worker's own cores move the bytes, as between the virtual CPU devices
+of one process (the "collective" is a rendezvous and a memcpy by the same
+threads that compress and back-propagate). The timeline then runs exchanges
+on the compute stream, and pipelining groups hides nothing.
 """
 
 from __future__ import annotations
@@ -41,12 +48,15 @@ class Cluster:
     latency_us: start-up latency of one message (alpha), in microseconds, >= 0.
     topology: ``"ring"`` (all-reduce and all-gather over a ring, as NCCL and
       Horovod do) or ``"parameter_server"``.
+    overlap: whether exchanges run beside computation (a separate link) or
+      on the compute stream (the same cores copy the bytes).
   """
 
   workers: int
   bandwidth_gbps: float = 20.0
   latency_us: float = 25.0
   topology: str = "ring"
+  overlap: bool = True
 
   def __post_init__(self):
     if (
@@ -61,6 +71,8 @@ class Cluster:
       raise ValueError(f"latency_us must be >= 0, got {self.latency_us!r}")
     if self.topology not in TOPOLOGIES:
       raise ValueError(f"topology must be one of {TOPOLOGIES}, got {self.topology!r}")
+    if not isinstance(self.overlap, bool):
+      raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
 
   def exchange_seconds(self, kind: str, nbytes, messages=1) -> np.ndarray:
     """Seconds to run ``messages`` collectives of ``kind`` sending ``nbytes`` in all.

@@ -16,7 +16,10 @@ terms are then read off it. The model's choices:
   following leaves. Eq. 7 likewise never hides ``Comp``.
 * **One exchange at a time on the link**, in group order: group ``i``'s
   exchange starts when it is compressed and the link is free, and takes
-  ``Comm(x_i)`` (``cluster.py``).
+  ``Comm(x_i)`` (``cluster.py``). On a cluster without ``overlap`` (virtual
+  CPU devices: the same cores copy the bytes) the exchange runs on the
+  compute stream right after the group's compression instead: ``Comm`` is
+  then added to ``Comp`` below and the link term is zero.
 * The optimizer update follows the last exchange.
 
 With ``K_i`` the compute clock after group ``i`` is compressed and ``L_i``
@@ -166,6 +169,11 @@ class CostModel:
     self.comm = np.full((n + 1, n + 1), np.inf)
     self.comp[start, end] = profile.comp_seconds(size, fused=(end - start) > 1)
     self.comm[start, end] = cluster.comm_seconds(profile.wire(size))
+    # What each group holds the compute stream and the link for.
+    self.stream = self.comp if cluster.overlap else self.comp + self.comm
+    self.link = (
+      self.comm if cluster.overlap else np.where(np.isinf(self.comm), np.inf, 0.0)
+    )
 
   def _bounds(self, boundaries) -> tuple[np.ndarray, np.ndarray]:
     b = np.asarray(boundaries, np.int64)
@@ -181,14 +189,14 @@ class CostModel:
     Returns an array of shape ``(M,)`` (``(1,)`` for one partition).
     """
     starts, ends = self._bounds(boundaries)
-    comp = self.comp[starts, ends]
-    comm = self.comm[starts, ends]
+    stream = self.stream[starts, ends]
+    link = self.link[starts, ends]
     compressed = (
       self.workload.forward_seconds
       + self.backward_before[ends]
-      + np.cumsum(comp, axis=1)
+      + np.cumsum(stream, axis=1)
     )
-    comm_after = np.cumsum(comm[:, ::-1], axis=1)[:, ::-1]
+    comm_after = np.cumsum(link[:, ::-1], axis=1)[:, ::-1]
     return (compressed + comm_after).max(axis=1) + self.workload.update_seconds
 
   def timeline(self, plan_or_boundaries) -> Timeline:
@@ -201,11 +209,12 @@ class CostModel:
     starts, ends = (a[0] for a in self._bounds(boundaries))
     comp = self.comp[starts, ends]
     comm = self.comm[starts, ends]
+    stream = self.stream[starts, ends]
     w = self.workload
     ready = (
       w.forward_seconds
       + self.backward_before[ends]
-      + np.concatenate([[0.0], np.cumsum(comp)[:-1]])
+      + np.concatenate([[0.0], np.cumsum(stream)[:-1]])
     )
     compressed = ready + comp
     comm_start, comm_end, link = [], [], 0.0
@@ -214,7 +223,8 @@ class CostModel:
       link = comm_start[-1] + comm[i]
       comm_end.append(link)
     backward_end = compressed[-1]
-    hidden = sum(
+    # On the compute stream an exchange delays the backward: nothing is hidden.
+    hidden = self.cluster.overlap * sum(
       max(0.0, min(e, backward_end) - s)
       for s, e in zip(comm_start, comm_end, strict=True)
     )
