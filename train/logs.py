@@ -1,11 +1,14 @@
-"""What a run shows and leaves behind: progress lines and ``metrics.jsonl``.
+"""What a run shows and leaves behind: progress lines, ``metrics.jsonl`` and
+TensorBoard event files.
 
 ``metrics.jsonl`` holds one JSON object per logged step (``step``,
-``wall_time``, ``loss``, ``samples_per_sec``, ``wire_bytes_per_step``, ...) and
-per evaluation (``step``, ``wall_time``, ``eval_loss``, ``eval_accuracy``); non-finite values are written as
-``null`` so every line is strict JSON. TensorBoard event files are not
-written: ``flax.metrics.tensorboard`` needs TensorFlow and ``tensorboardX`` is
-not a dependency.
+``wall_time``, ``loss``, ``samples_per_sec``, ``wire_bytes_per_step``, ...),
+per evaluation (``step``, ``wall_time``, ``eval_loss``, ``eval_accuracy``) and
+per start or resume of the program (``step``, ``wall_time``, ``started``: the
+origin of ``elapsed_seconds``); non-finite values are written as ``null`` so
+every line is strict JSON. The same scalars go to ``events.out.tfevents.*``
+(``tensorboard --logdir WORKDIR``), written with ``tensorboardX``: flax's
+``metrics.tensorboard`` needs TensorFlow.
 """
 
 from __future__ import annotations
@@ -30,13 +33,15 @@ def _clean(value: Any) -> Any:
 
 
 class MetricWriter:
-  """Appends rows to ``workdir/metrics.jsonl``; a no-op when not ``enabled``.
+  """Logs rows to ``workdir/metrics.jsonl`` and TensorBoard; a no-op when not
+  ``enabled``.
 
   Args:
     workdir: the run's directory.
     resume_step: rows after this step are dropped from an existing file: they
       were written by a run killed after its last checkpoint, and the resumed
-      run writes them again.
+      run writes them again. TensorBoard drops its own copies of them too
+      (``purge_step``).
     enabled: write (only process 0 of a multi-host run does).
   """
 
@@ -48,19 +53,41 @@ class MetricWriter:
     if self.path.exists():
       kept = [row for row in read_metrics(self.path) if row["step"] <= resume_step]
       self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    from tensorboardX import SummaryWriter  # Only process 0 pays for the import.
+
+    self._tb = SummaryWriter(
+      str(workdir),
+      purge_step=resume_step + 1 if resume_step else None,
+      # Event files are named by the second they open in, and opened with
+      # "wb": the suffix keeps a resume within that second from erasing them.
+      filename_suffix=f".from{resume_step}",
+    )
     self._file = open(self.path, "a")
+    self._write_row({"step": resume_step, "wall_time": _now(), "started": True})
 
   def write(self, step: int, **scalars: Any) -> None:
     if not self.enabled:
       return
-    row = {"step": step, "wall_time": round(time.time(), 3)}
+    row = {"step": step, "wall_time": _now()}
     row.update((k, _clean(v)) for k, v in scalars.items())
+    self._write_row(row)
+    for key, value in row.items():
+      if key not in ("step", "wall_time") and isinstance(value, (int, float)):
+        self._tb.add_scalar(key, float(value), step, walltime=row["wall_time"])
+    self._tb.flush()  # As the jsonl: a killed run keeps what it logged.
+
+  def _write_row(self, row: dict[str, Any]) -> None:
     self._file.write(json.dumps(row) + "\n")
     self._file.flush()
 
   def close(self) -> None:
     if self.enabled:
       self._file.close()
+      self._tb.close()
+
+
+def _now() -> float:
+  return round(time.time(), 3)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -72,6 +99,23 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     except json.JSONDecodeError:
       continue  # A run killed mid-write.
   return rows
+
+
+def elapsed_seconds(rows: list[dict[str, Any]]) -> list[float]:
+  """Seconds of training up to each row, summed over the resumes of a run.
+
+  Each ``started`` row restarts the clock at the time already accumulated by
+  the row before it, so the gap between a kill and its resume is not counted
+  (nor the steps redone after the last checkpoint twice). Files without
+  ``started`` rows count from their first row.
+  """
+  elapsed, offset, origin, last = [], 0.0, None, 0.0
+  for row in rows:
+    if row.get("started") or origin is None:
+      offset, origin = last, row["wall_time"]
+    last = offset + row["wall_time"] - origin
+    elapsed.append(last)
+  return elapsed
 
 
 class Progress:
