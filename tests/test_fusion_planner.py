@@ -265,14 +265,17 @@ def test_dp_equals_brute_force_and_heuristic_is_bounded(seed):
   assert heuristic_f <= model.iteration_seconds(tuple(range(1, n)))[0]
 
 
-def test_heuristic_keeps_one_group_unless_splitting_gains_more_than_eps():
-  # Two leaves on one worker: layer-wise saves the fused curve's 1e-6 s for
-  # one more call (5e-7 s), a gain of about 1e-4 of the step.
+def test_heuristic_returns_the_better_extreme_unless_a_partition_gains_eps():
+  # One worker, leaves of 2^20, 16 and 16 values: a call costs 5e-7 s and
+  # fusing 1e-12 s per value (1e-6 s for the big leaf). Two groups (big leaf
+  # alone) save one call over layer-wise, about 1.2e-4 of the step, and a
+  # little more over one group.
   profile = synthetic_profile(call=5e-7, per_value=4e-9, fused_extra=1e-12)
-  workload = gradcomp.Workload((2**20, 16), (0.0, 0.0))
+  workload = gradcomp.Workload((2**20, 16, 16), (0.0, 0.0, 0.0))
   model = gradcomp.CostModel(profile, gradcomp.Cluster(1), workload)
   assert gradcomp.heuristic_search(model, eps=0.0)[0] == (1,)
-  assert gradcomp.heuristic_search(model, eps=1e-3)[0] == ()
+  assert gradcomp.heuristic_search(model, eps=1e-3)[0] == (1, 2)
+  assert gradcomp.heuristic_search(model, eps=1e-5)[0] == (1,)
 
 
 def test_heuristic_on_resnet50_is_fast_near_optimal_and_deterministic():
