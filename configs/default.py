@@ -70,6 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.weight_decay = 0.0
   config.optimizer.schedule = "constant"  # constant | cosine
 
+  config.step = "shard_map"  # shard_map | pmap (train/step.py)
   config.global_batch_size = 128
   # Typed placeholders, so a variant can unset one and the command line can
   # still set it.

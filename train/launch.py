@@ -53,10 +53,16 @@ def initialize_distributed(
   A run is multi-host when a coordinator address is given (flag or
   ``$JAX_COORDINATOR_ADDRESS``); the process count and id come from their
   flags, or JAX's own environment detection (SLURM, Cloud TPU) when unset.
+  Every process runs the same program on its own devices; on CPU they
+  exchange through gloo (``tests/test_multihost.py`` runs two on one host).
   """
   address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
   if not address:
     return
+  # CPU processes exchange through gloo unless told otherwise
+  # ($JAX_CPU_COLLECTIVES_IMPLEMENTATION); older jaxlibs default to none.
+  if jax.config.jax_cpu_collectives_implementation in (None, "none"):
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(
     coordinator_address=address, num_processes=num_processes, process_id=process_id
   )

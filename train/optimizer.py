@@ -94,8 +94,8 @@ def fusion_plan(
   for ``Cluster(jax.device_count())`` with ``cfg.search``. A measured
   profile varies between runs, so a resumed run passes the plan it ``saved``
   (the checkpointed state is shaped by it), and with several processes all
-  take process 0's. ``"none"`` skips the wrapper (the compressor sees the
-  parameter tree itself, in tree order).
+  take process 0's (only process 0 profiles). ``"none"`` skips the wrapper
+  (the compressor sees the parameter tree itself, in tree order).
   """
   plan = cfg.plan
   if plan == "layerwise":
@@ -103,14 +103,20 @@ def fusion_plan(
   if plan == "single":
     return gradcomp.Plan.single(order)
   if plan == "auto":
-    if saved is not None and saved.order == tuple(order):
-      return saved
-    if sizes is None or inner is None:
-      raise ValueError("config.fusion.plan='auto' needs the leaf sizes and compressor")
-    profile = gradcomp.profile_for(inner, up_to=sum(sizes))
-    cluster = gradcomp.Cluster(jax.device_count())
-    plan = gradcomp.auto_plan(sizes, order, profile, cluster, method=cfg.search)
-    return _same_on_every_process(plan)
+    if saved is None or saved.order != tuple(order):
+      if sizes is None or inner is None:
+        raise ValueError(
+          "config.fusion.plan='auto' needs the leaf sizes and compressor"
+        )
+      if jax.process_index() == 0:
+        profile = gradcomp.profile_for(inner, up_to=sum(sizes))
+        cluster = gradcomp.Cluster(jax.device_count())
+        saved = gradcomp.auto_plan(sizes, order, profile, cluster, method=cfg.search)
+      else:  # Replaced by process 0's plan below: no need to profile.
+        saved = gradcomp.Plan.single(order)
+    # A saved plan too: every process joins the broadcast even when only some
+    # read a plan.json (one being rewritten by process 0, an unshared disk).
+    return _same_on_every_process(saved)
   if plan == "none":
     return None
   raise ValueError(

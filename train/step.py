@@ -15,6 +15,17 @@ trace, computed from the exchanged mean; step counters; the shared PRNG key)
 is replicated. Giving the momentum trace a worker axis too would type the
 updates, and so the params, as varying, which ``out_specs=P()`` rejects
 without an extra all-reduce (BUILD_NOTES, issue 4).
+
+Variants (``config.step``). ``"shard_map"`` (the default) runs on the state
+as laid out above. ``"pmap"`` runs the same ``_body`` under ``jax.pmap`` over
+``AXIS``: there every leaf (params, model state, optimizer state) carries a
+leading device axis, this process's devices only (pmap takes host-local
+arrays), and the batch is ``[local devices, per device, ...]``. pmap types
+nothing as varying, so ``pcast`` is a no-op there and the compressors'
+collectives (``psum``, ``all_gather(to="invarying")``) run as under
+``shard_map``. ``Layout.to_variant`` / ``from_variant`` convert between the
+two at start, at each checkpoint and at the end: checkpoints always hold the
+``shard_map`` layout, so a run resumes under either variant.
 """
 
 from __future__ import annotations
@@ -29,12 +40,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
 
 AXIS = "data"
+VARIANTS = ("shard_map", "pmap")
 
 Batch = tuple[jax.Array, jax.Array]
 
@@ -89,6 +102,55 @@ class Layout:
       put(model_state, self.params),
       jax.device_put(opt_state, self.shardings(self.opt_specs())),
     )
+
+  def to_variant(self, variant: str, params, model_state, opt_state):
+    """The placed state (as ``place`` returns it) laid out for ``variant``.
+
+    The identity for ``"shard_map"``. For ``"pmap"``, every leaf gets a
+    leading device axis: replicated leaves are copied to every device,
+    per-worker leaves already have it; each process keeps its devices' rows.
+    """
+    if variant == "shard_map":
+      return params, model_state, opt_state
+    copy = lambda x: x[None]  # Each device stacks its own replica: no traffic.
+
+    def stack(params, model_state, opt_state):
+      return (
+        jax.tree.map(copy, params),
+        jax.tree.map(copy, model_state),
+        jax.tree.map(lambda x, w: x if w else copy(x), opt_state, self.per_worker),
+      )
+
+    specs = (self.params, self.params, self.opt_specs())
+    stacked = jax.jit(
+      jax.shard_map(stack, mesh=self.mesh, in_specs=specs, out_specs=P(AXIS))
+    )(params, model_state, opt_state)
+    return multihost_utils.global_array_to_host_local_array(stacked, self.mesh, P(AXIS))
+
+  def from_variant(self, variant: str, params, model_state, opt_state):
+    """The inverse of ``to_variant``: the state as ``place`` lays it out."""
+    if variant == "shard_map":
+      return params, model_state, opt_state
+    stacked = multihost_utils.host_local_array_to_global_array(
+      (params, model_state, opt_state), self.mesh, P(AXIS)
+    )
+    own = lambda x: x[0]  # The device's own row.
+
+    def unstack(params, model_state, opt_state):
+      return (
+        jax.tree.map(own, params),
+        jax.tree.map(own, model_state),
+        jax.tree.map(lambda x, w: x if w else own(x), opt_state, self.per_worker),
+      )
+
+    specs = (self.params, self.params, self.opt_specs())
+    # Unchecked: pmap's replicas are equal (the same program on the same
+    # values), which the varying types cannot show.
+    return jax.jit(
+      jax.shard_map(
+        unstack, mesh=self.mesh, in_specs=P(AXIS), out_specs=specs, check_vma=False
+      )
+    )(*stacked)
 
 
 def _drop(opt_state, per_worker):
@@ -219,12 +281,39 @@ def infer_layout(
   raise AssertionError("unreachable: the per-worker set grows at most once per leaf")
 
 
-def make_train_step(model, tx, layout: Layout) -> Callable:
+def check_variant(variant: str) -> None:
+  """Raises ``ValueError`` unless ``variant`` is one of ``VARIANTS``."""
+  if variant not in VARIANTS:
+    raise ValueError(
+      f"unknown step {variant!r} (config.step); valid: {', '.join(VARIANTS)}"
+    )
+
+
+def _pmap(fun, layout: Layout, **kwargs) -> Callable:
+  # The mesh's own device order, so pmap's arrays are sharded as the layout's.
+  return jax.pmap(fun, AXIS, devices=list(layout.mesh.devices.flat), **kwargs)
+
+
+def make_train_step(model, tx, layout: Layout, variant: str = "shard_map") -> Callable:
   """``step(params, model_state, opt_state, batch) -> (..., metrics)``, jitted.
 
-  Params, model state and optimizer state are donated; ``batch`` is sharded
-  over ``AXIS`` along its first axis; metrics are replicated scalars.
+  Params, model state and optimizer state are donated; metrics are
+  replicated scalars. Under ``"shard_map"``, ``batch`` is sharded over
+  ``AXIS`` along its first axis; under ``"pmap"`` the state is laid out by
+  ``Layout.to_variant`` and ``batch`` by ``shard_batch(..., "pmap")``.
   """
+  check_variant(variant)
+  if variant == "pmap":
+    # pmap itself strips and restores the leading device axis of every leaf.
+    per_device = dataclasses.replace(
+      layout, per_worker=jax.tree.map(lambda _: False, layout.per_worker)
+    )
+    return _pmap(
+      functools.partial(_body, model, tx, per_device),
+      layout,
+      out_axes=(0, 0, 0, None),
+      donate_argnums=(0, 1, 2),
+    )
   opt_specs = layout.opt_specs()
   return jax.jit(
     jax.shard_map(
@@ -237,12 +326,14 @@ def make_train_step(model, tx, layout: Layout) -> Callable:
   )
 
 
-def make_eval_step(model, layout: Layout) -> Callable:
+def make_eval_step(model, layout: Layout, variant: str = "shard_map") -> Callable:
   """``eval(params, model_state, x, y, w) -> (sum loss, sum correct, count)``.
 
   Each worker evaluates its shard of the batch; ``w`` weights the examples
-  (0 for padding). The sums are over all workers, replicated.
+  (0 for padding). The sums are over all workers, replicated. Arguments are
+  laid out for ``variant`` as in ``make_train_step``.
   """
+  check_variant(variant)
 
   def evaluate(params, model_state, x, y, w):
     logits = model.apply({"params": params, **model_state}, x, train=False)
@@ -251,6 +342,8 @@ def make_eval_step(model, layout: Layout) -> Callable:
     sums = jnp.stack([jnp.sum(loss * w), jnp.sum(correct * w), jnp.sum(w)])
     return jax.lax.psum(sums, AXIS)
 
+  if variant == "pmap":
+    return _pmap(evaluate, layout, out_axes=None)
   return jax.jit(
     jax.shard_map(
       evaluate,
@@ -261,7 +354,34 @@ def make_eval_step(model, layout: Layout) -> Callable:
   )
 
 
-def shard_batch(mesh: Mesh, local: tuple[np.ndarray, ...]):
-  """This process's rows of a global batch, as arrays sharded over ``AXIS``."""
+def shard_batch(mesh: Mesh, local: tuple[np.ndarray, ...], variant: str = "shard_map"):
+  """This process's rows of a global batch, as ``variant``'s step takes them.
+
+  ``"shard_map"``: arrays sharded over ``AXIS``. ``"pmap"``: host-local arrays
+  ``[local devices, rows per device, ...]``, split in the same order, so
+  worker ``i`` gets the same rows under either variant.
+  """
+  if variant == "pmap":
+    n = mesh.local_mesh.size
+    sharding = NamedSharding(mesh.local_mesh, P(AXIS))
+    return tuple(
+      jax.device_put(np.reshape(a, (n, -1, *np.shape(a)[1:])), sharding) for a in local
+    )
   sharding = NamedSharding(mesh, P(AXIS))
   return tuple(jax.make_array_from_process_local_data(sharding, a) for a in local)
+
+
+def example_batch(mesh: Mesh, batch_like, variant: str = "shard_map"):
+  """Arguments shaped like each step's batch, for lowering the step.
+
+  ``batch_like``: ``jax.ShapeDtypeStruct`` of the global batch. pmap lowers
+  only host-local arrays in a multi-process run, so its example is real.
+  """
+  if variant == "pmap":
+    count = jax.process_count()
+    local = [np.zeros((b.shape[0] // count, *b.shape[1:]), b.dtype) for b in batch_like]
+    return shard_batch(mesh, tuple(local), variant)
+  sharded = NamedSharding(mesh, P(AXIS))
+  return tuple(
+    jax.ShapeDtypeStruct(b.shape, b.dtype, sharding=sharded) for b in batch_like
+  )

@@ -1,10 +1,11 @@
 """The training loop: ``train_and_evaluate(config, workdir)`` (DESIGN §3).
 
 Builds the dataset, model, optimizer (compressor + LayerFusion + SGD) and the
-``shard_map`` step of ``train/step.py``; restores the latest checkpoint of
-``workdir`` if there is one; then trains, logging to ``metrics.jsonl`` and
-stderr, evaluating every ``eval_every_steps`` and checkpointing every
-``checkpoint_every_steps`` and at the end.
+``shard_map`` (or ``pmap``, ``config.step``) step of ``train/step.py``;
+restores the latest checkpoint of ``workdir`` if there is one; then trains,
+logging to ``metrics.jsonl``, TensorBoard and stderr, evaluating every
+``eval_every_steps`` and checkpointing every ``checkpoint_every_steps`` and at
+the end.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def total_steps(config, num_train: int) -> int:
 
 
 def _check(config, num_devices: int) -> None:
+  step_lib.check_variant(_variant(config))
   batch = config.global_batch_size
   if batch % num_devices:
     raise ValueError(
@@ -76,6 +78,11 @@ def _check(config, num_devices: int) -> None:
     )
 
 
+def _variant(config) -> str:
+  """``config.step``; configs written before it had the field are shard_map."""
+  return config.get("step", "shard_map")
+
+
 def _dataset(config) -> data_lib.Dataset:
   """``data.load`` with the set fields of ``config.dataset`` (e.g. ``seq_len``)."""
   d = dict(config.dataset)
@@ -85,7 +92,14 @@ def _dataset(config) -> data_lib.Dataset:
 
 
 def evaluate(
-  eval_step, mesh, params, model_state, x, y, batch_size: int
+  eval_step,
+  mesh,
+  params,
+  model_state,
+  x,
+  y,
+  batch_size: int,
+  variant: str = "shard_map",
 ) -> dict[str, float]:
   """Mean loss and accuracy over all of ``(x, y)``, padded to whole batches."""
   n, count = len(y), jax.process_count()
@@ -97,7 +111,7 @@ def evaluate(
     weights = (rows < n).astype(np.float32)
     rows = np.minimum(rows, n - 1)[offset : offset + local]
     batch = step_lib.shard_batch(
-      mesh, (x[rows], y[rows], weights[offset : offset + local])
+      mesh, (x[rows], y[rows], weights[offset : offset + local]), variant
     )
     totals = totals + eval_step(params, model_state, *batch)
   loss, correct, seen = np.asarray(totals)
@@ -129,8 +143,9 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
 
   Args:
     config: a ``ConfigDict`` as returned by ``configs/*.py``.
-    workdir: directory for checkpoints, ``metrics.jsonl``, ``config.json``
-      and ``plan.json``; created if missing.
+    workdir: directory for checkpoints, ``metrics.jsonl``, TensorBoard event
+      files, ``config.json``, ``plan.json`` and ``profile/`` (with
+      ``config.profile_steps``); created if missing.
 
   Returns:
     The final state and evaluation.
@@ -145,6 +160,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   lead = jax.process_index() == 0
   mesh = jax.make_mesh((jax.device_count(),), (step_lib.AXIS,))
   _check(config, mesh.size)
+  variant = _variant(config)
 
   model_cfg = dict(config.model)
   model_name = model_cfg.pop("name")
@@ -202,8 +218,8 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   if lead:
     _write_run_files(workdir, config, plan)
 
-  train_step = step_lib.make_train_step(model, tx, layout)
-  eval_step = step_lib.make_eval_step(model, layout)
+  train_step = step_lib.make_train_step(model, tx, layout, variant)
+  eval_step = step_lib.make_eval_step(model, layout, variant)
   eval_batch = -(-config.eval_batch_size // mesh.size) * mesh.size
   train_iter = data_lib.batches(
     ds.x_train,
@@ -214,15 +230,11 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     process_index=jax.process_index(),
     process_count=jax.process_count(),
   )
-  params, model_state, opt_state = (
-    state["params"],
-    state["model_state"],
-    state["opt_state"],
+  # Checkpoints hold the shard_map layout whatever the variant (train/step.py).
+  params, model_state, opt_state = layout.to_variant(
+    variant, state["params"], state["model_state"], state["opt_state"]
   )
-  sharded = NamedSharding(mesh, P(step_lib.AXIS))
-  example = tuple(
-    jax.ShapeDtypeStruct(b.shape, b.dtype, sharding=sharded) for b in batch_like
-  )
+  example = step_lib.example_batch(mesh, batch_like, variant)
   wire_bytes = gradcomp.wire_bytes(train_step, params, model_state, opt_state, example)
   writer = logs.MetricWriter(workdir, resume_step=start, enabled=lead)
   progress = logs.Progress(num_steps, enabled=lead)
@@ -278,12 +290,15 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     window.update(losses=[], accuracies=[], t0=now, s0=step)
 
   def save(step: int) -> None:
+    global_params, global_model_state, global_opt_state = layout.from_variant(
+      variant, params, model_state, opt_state
+    )
     checkpoints.save(
       step,
       {
-        "params": params,
-        "model_state": model_state,
-        "opt_state": opt_state,
+        "params": global_params,
+        "model_state": global_model_state,
+        "opt_state": global_opt_state,
         "step": jax.device_put(jnp.asarray(step, jnp.int32), replicated),
         "rng": state["rng"],
       },
@@ -291,7 +306,16 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
 
   def run_eval(step: int) -> None:
     last.update(
-      evaluate(eval_step, mesh, params, model_state, ds.x_test, ds.y_test, eval_batch)
+      evaluate(
+        eval_step,
+        mesh,
+        params,
+        model_state,
+        ds.x_test,
+        ds.y_test,
+        eval_batch,
+        variant,
+      )
     )
     writer.write(step, **last)
     progress.message(
@@ -299,21 +323,25 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       f"accuracy {last['eval_accuracy']:.4f}"
     )
 
-  # Profile steps after the first (which compiles), into workdir/profile.
+  # Profile steps after the first (which compiles), into workdir/profile, on
+  # process 0 only: processes sharing a host would write the same file names.
   profiled = range(start + 2, min(start + 2 + config.profile_steps, num_steps + 1))
-  pending = None
+  profiled = profiled if lead else range(0)
+  pending, tracing = None, False
   try:
     for step in range(start + 1, num_steps + 1):
       x, y = next(train_iter)
-      batch = step_lib.shard_batch(mesh, (x, y))
+      batch = step_lib.shard_batch(mesh, (x, y), variant)
       if profiled and step == profiled[0]:
         jax.profiler.start_trace(workdir / "profile")
+        tracing = True
       params, model_state, opt_state, metrics = train_step(
         params, model_state, opt_state, batch
       )
       if profiled and step == profiled[-1]:
         jax.block_until_ready(metrics)
         jax.profiler.stop_trace()
+        tracing = False
         progress.message(f"profiled steps {profiled[0]}-{step} into {workdir}/profile")
       # The previous step's metrics are read while this one runs.
       if pending is not None:
@@ -335,8 +363,13 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     if not last:  # Resumed from the final checkpoint: nothing was trained.
       run_eval(num_steps)
   finally:
+    if tracing:  # A run that stops mid-trace must not leave the profiler on.
+      jax.profiler.stop_trace()
     checkpoints.close()
     writer.close()
+  params, model_state, opt_state = layout.from_variant(
+    variant, params, model_state, opt_state
+  )
   state = {
     "params": params,
     "model_state": model_state,
