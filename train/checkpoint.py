@@ -21,13 +21,16 @@ import orbax.checkpoint as ocp
 State = dict[str, Any]
 
 
+@jax.jit
+def _finite(leaves) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
 def _all_finite(tree) -> bool:
-  leaves = [
-    jnp.all(jnp.isfinite(x))
-    for x in jax.tree.leaves(tree)
-    if jnp.issubdtype(x.dtype, jnp.inexact)
-  ]
-  return bool(jnp.all(jnp.stack(leaves))) if leaves else True
+  # One program for all leaves: one eager reduction per sharded leaf (DGC on
+  # ResNet-20 has 130) deadlocked XLA's CPU backend on 8 virtual devices.
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return bool(_finite(leaves)) if leaves else True
 
 
 class Checkpointer:

@@ -6,6 +6,11 @@ Example::
   python -m gradcomp.bench sketch
   python -m gradcomp.bench fusion --models resnet20,resnet50 --compressor topk
   python -m gradcomp.bench search
+  python -m gradcomp.bench sizes --only topk,dgc --repeats 7
+  python -m gradcomp.bench wire --models resnet20,resnet50,lstm_ptb
+  python -m gradcomp.bench step --compressors none,topk,sketch_topk --plans layerwise,single,auto
+  python -m gradcomp.bench convergence --seeds 3
+  python -m gradcomp.bench scaling --sources paper
 """
 
 from __future__ import annotations
@@ -58,6 +63,110 @@ def _search(args: argparse.Namespace) -> None:
   )
 
 
+def _scaling(args: argparse.Namespace) -> None:
+  from gradcomp.bench import scaling
+
+  def names(text):
+    return tuple(x for x in text.split(",") if x)
+
+  try:
+    scaling.run(
+      models=names(args.models),
+      workers=tuple(int(n) for n in names(args.workers)),
+      sources=names(args.sources),
+      compressors=names(args.only) or None,
+      bandwidth_gbps=args.bandwidth_gbps,
+      latency_us=args.latency_us,
+      paper_tflops=args.paper_tflops,
+      profile_dir=args.profiles or None,
+      repeats=args.repeats,
+      out_dir=args.out,
+    )
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench scaling: error: {e}") from None
+
+
+def _convergence(args: argparse.Namespace) -> None:
+  import jax
+  from absl import logging
+
+  # Before any computation: virtual CPU devices must be configured first.
+  jax.config.update("jax_num_cpu_devices", args.devices)
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
+  from gradcomp.bench import convergence
+
+  labels = [x for x in args.methods.split(",") if x]
+  resnet = [x for x in args.throughput_methods.split(",") if x]
+  unknown = sorted(set(labels + resnet) - set(convergence.METHODS))
+  if unknown or not labels:
+    raise SystemExit(
+      f"python -m gradcomp.bench convergence: error: unknown --methods {unknown}; "
+      f"known: {', '.join(convergence.METHODS)}"
+    )
+  convergence.run(
+    methods=[convergence.METHODS[x] for x in labels],
+    seeds=args.seeds,
+    steps=args.steps,
+    eval_every=args.eval_every,
+    throughput_steps=args.throughput_steps,
+    throughput_methods=[convergence.METHODS[x] for x in resnet] if resnet else None,
+    out_dir=args.out,
+  )
+
+
+def _step(args: argparse.Namespace) -> None:
+  import jax
+
+  # Before any computation: virtual CPU devices must be configured first.
+  jax.config.update("jax_num_cpu_devices", args.devices)
+  from gradcomp.bench import fusion, step
+
+  names = lambda text: tuple(x for x in text.split(",") if x)
+  if args.compressors:
+    compressors = names(args.compressors)
+  else:
+    compressors = tuple(fusion.SEARCH_COMPRESSORS) if args.full else None
+  compressors = compressors or step.DEFAULT_COMPRESSORS
+  try:
+    step.validate(compressors, names(args.plans), args.batch, args.devices)
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench step: error: {e}") from None
+  step.run(
+    compressors=compressors,
+    plans=names(args.plans),
+    batch=args.batch,
+    repeats=args.repeats,
+    out_dir=args.out,
+  )
+
+
+def _sizes(args: argparse.Namespace) -> None:
+  from gradcomp.bench import sizes
+
+  sizes.run(
+    compressors=args.only,
+    sizes=args.sizes,
+    repeats=args.repeats,
+    out_dir=args.out,
+  )
+
+
+def _wire(args: argparse.Namespace) -> None:
+  import jax
+
+  # Before any computation: virtual CPU devices must be configured first.
+  jax.config.update("jax_num_cpu_devices", args.devices)
+  from gradcomp.bench import wire_suite
+
+  wire_suite.run(
+    models=tuple(x for x in args.models.split(",") if x),
+    compressors=args.only,
+    workers=args.devices,
+    out_dir=args.out,
+    compile_layerwise=args.compile_layerwise,
+  )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(
     prog="python -m gradcomp.bench",
@@ -101,7 +210,98 @@ def main(argv: Sequence[str] | None = None) -> None:
   h.add_argument("--profiles", default="bench_out/profiles", help="profile JSON cache")
   h.add_argument("--out", default="bench_out/", help="directory for fusion_search.json")
   h.set_defaults(func=_search)
+  sc = suites.add_parser(
+    "scaling",
+    help="simulated scaling factor and throughput, layer-wise vs LayerFusion, "
+    "2-16 workers at 20 Gbps (measured and paper-calibrated costs)",
+  )
+  sc.add_argument("--models", default="resnet20,resnet50,lstm_ptb")
+  sc.add_argument("--workers", default="2,4,8,16", help="comma-separated counts")
+  sc.add_argument("--sources", default="measured,paper", help="measured and/or paper")
+  sc.add_argument("--only", default="", help="comma-separated compressors (all)")
+  sc.add_argument("--bandwidth-gbps", type=float, default=20.0)
+  sc.add_argument("--latency-us", type=float, default=25.0)
+  sc.add_argument(
+    "--paper-tflops", type=float, default=None,
+    help="V100 compute of the paper source (default: from 356 img/s ResNet-50)",
+  )  # fmt: skip
+  sc.add_argument("--repeats", type=int, default=3, help="timed calls per profile size")
+  sc.add_argument("--profiles", default="bench_out/profiles", help="profile JSON cache")
+  sc.add_argument("--out", default="bench_out/", help="directory for scaling.*")
+  sc.set_defaults(func=_scaling)
+  cv = suites.add_parser(
+    "convergence",
+    help="eval accuracy vs steps and time per compressor on digits (paper 000 "
+    "Fig. 6), ResNet-20 throughput",
+  )
+  cv.add_argument("--methods", default="dense,dgc,sketch_fusion,topk,signsgd")
+  cv.add_argument("--seeds", type=int, default=3, help="digits runs per method")
+  cv.add_argument("--steps", type=int, default=600, help="steps per digits run")
+  cv.add_argument("--eval-every", type=int, default=50, help="digits eval interval")
+  cv.add_argument(
+    "--throughput-steps", type=int, default=12, help="ResNet-20 steps; 0 skips it"
+  )
+  cv.add_argument(
+    "--throughput-methods", default="", help="ResNet-20 methods (default: all but dgc)"
+  )
+  cv.add_argument("--devices", type=int, default=8, help="virtual CPU devices")
+  cv.add_argument("--out", default="bench_out/", help="directory for convergence.*")
+  cv.set_defaults(func=_convergence)
+  st = suites.add_parser(
+    "step",
+    help="ResNet-20 train step on virtual devices per compressor and plan: "
+    "measured (time, samples/s, compile) vs predicted",
+  )
+  st.add_argument("--compressors", default="", help="comma-separated (a default set)")
+  st.add_argument("--full", action="store_true", help="all twelve compressors")
+  st.add_argument("--plans", default="layerwise,auto", help="layerwise,single,auto")
+  st.add_argument("--batch", type=int, default=128, help="global batch (Table 3)")
+  st.add_argument("--repeats", type=int, default=5, help="timed steps (median)")
+  st.add_argument("--devices", type=int, default=8, help="virtual CPU devices")
+  st.add_argument("--out", default="bench_out/", help="directory for step.*")
+  st.set_defaults(func=_step)
+  z = suites.add_parser(
+    "sizes",
+    help="compress + decompress time per call vs tensor size 2^4..2^24 "
+    "(paper 000 Fig. 1b) and the per-call overhead reading",
+  )
+  z.add_argument("--only", default=None, help="comma-separated compressors (all)")
+  z.add_argument(
+    "--full", action="store_true", help="every power of two (default: every second)"
+  )
+  z.add_argument("--sizes", default=None, help="comma-separated sizes, e.g. 16,65536")
+  z.add_argument("--repeats", type=int, default=7, help="timed calls per size (median)")
+  z.add_argument("--out", default="bench_out/", help="directory for sizes.json/.png")
+  z.set_defaults(func=_sizes)
+  w = suites.add_parser(
+    "wire",
+    help="bytes per step on the wire per compressor, layer-wise vs fused, "
+    "on model gradient trees",
+  )
+  w.add_argument("--models", default="resnet20,resnet50,lstm_ptb")
+  w.add_argument("--only", default=None, help="comma-separated compressors (all)")
+  w.add_argument("--devices", type=int, default=8, help="virtual CPU devices")
+  w.add_argument(
+    "--compile-layerwise",
+    action="store_true",
+    help="read layer-wise bytes from compiled HLO too (slow) instead of the trace",
+  )
+  w.add_argument("--out", default="bench_out/", help="directory for wire.json/.png")
+  w.set_defaults(func=_wire)
   args = parser.parse_args(argv)
+  if args.suite in ("sizes", "wire"):
+    from gradcomp.bench import sizes, wire_suite
+
+    try:
+      sizes.select(args.only)
+      if args.suite == "sizes":
+        args.sizes = sizes.grid(args.sizes, full=args.full)
+      else:
+        wire_suite.check_models(args.models)
+        if args.devices < 2:
+          raise ValueError(f"--devices must be >= 2, got {args.devices}")
+    except ValueError as e:
+      (z if args.suite == "sizes" else w).error(str(e))
   if args.suite == "compress":
     try:
       compress.select(args.only)

@@ -1,0 +1,141 @@
+"""The step suite (``python -m gradcomp.bench step``) on a tiny setting.
+
+Not a test of speed: the suite runs end to end and writes its outputs, its
+arithmetic holds (samples/s = batch / step time; the calibration step is
+predicted exactly), and the step it times is the data-parallel SGD step,
+checked against a reference written here without ``train.step``.
+"""
+
+import json
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import gradcomp
+from gradcomp.bench import step
+
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  out = tmp_path_factory.mktemp("step")
+  result = step.run(
+    compressors=("none", "topk"),
+    plans=("single",),
+    batch=BATCH,
+    repeats=1,
+    out_dir=str(out),
+    profile_sizes=(16, 4096),
+    cluster=gradcomp.Cluster(8, bandwidth_gbps=10.0, latency_us=10.0),
+  )
+  return out, result
+
+
+def test_suite_writes_json_table_and_chart(tiny):
+  out, result = tiny
+  saved = json.loads((out / "step.json").read_text())
+  assert saved == json.loads(json.dumps(result))
+  assert [(r["compressor"], r["plan"]) for r in saved["rows"]] == [
+    ("none", "single"),
+    ("topk", "single"),
+  ]
+  assert saved["num_leaves"] == 65 and saved["devices"] == 8
+  table = (out / "step.md").read_text()
+  assert "| topk | single | 1 |" in table and "| samples/s | single |" in table
+  assert (out / "step.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_times_and_throughput(tiny):
+  _, result = tiny
+  for r in result["rows"]:
+    assert r["groups"] == 1
+    assert r["compile_s"] > 0 and r["measured_ms"] > 0 and r["predicted_ms"] > 0
+    assert r["samples_per_s"] == pytest.approx(BATCH / (r["measured_ms"] / 1e3))
+  none, topk = result["rows"]
+  # The dense single step calibrates the compute time, so it is predicted exactly.
+  assert none["calibration"] and not topk["calibration"]
+  assert none["predicted_ms"] == pytest.approx(none["measured_ms"], rel=1e-9)
+  # Top-k (1%) sends far fewer bytes than the dense all-reduce.
+  assert topk["wire_bytes"] < none["wire_bytes"] / 10
+
+
+def test_leaf_flops_match_the_shape_tables():
+  from gradcomp._src import shapes
+
+  setup = step.build(BATCH)
+  # The flax model adds projection shortcuts (2 convs + 2 BN) to shapes' 59.
+  assert len(setup.flops) == 65 and sum(setup.sizes) == shapes.RESNET20_NUM_PARAMS + (
+    16 * 32 + 32 * 64 + 2 * (32 + 64)
+  )
+  # Each projection runs at its stage's output size: 16x16 and 8x8.
+  projections = 2 * 16 * 32 * 16 * 16 + 2 * 32 * 64 * 8 * 8  # 1x1 kernels
+  projections += 2 * 32 * 16 * 16 + 2 * 64 * 8 * 8  # BN scale and bias
+  assert sum(setup.flops) == sum(shapes.forward_flops("resnet20")) + projections
+
+
+def test_timed_step_is_data_parallel_sgd():
+  """The timed steps of ``none``: per-worker gradients averaged, SGD momentum."""
+  mesh = jax.make_mesh((8,), ("data",))
+  setup = step.build(BATCH)
+  config = step.config_for("none", {}, "single", BATCH)
+  train_step, carry, batch = step.make_step(setup, mesh, config)
+  compiled, info = step.compile_step(train_step, carry, batch)
+  assert info["compile_s"] > 0
+  calls = []
+
+  def counted(*args):
+    calls.append(1)
+    return compiled(*args)
+
+  seconds, carry, metrics = step.step_seconds(counted, carry, batch, repeats=1)
+  assert seconds > 0 and len(calls) >= 2 and not metrics["skipped"]
+
+  # Reference: each worker's shard through the model in training mode (its own
+  # batch statistics), gradients averaged, optax.sgd; nothing from train.step.
+  model, (x, y) = setup.model, setup.batch
+  lr, momentum = config.optimizer.learning_rate, config.optimizer.momentum
+  tx = optax.sgd(lr, momentum=momentum)
+
+  @jax.jit
+  def shard_grad(params, stats, x, y):
+    def loss(p):
+      logits, new = model.apply(
+        {"params": p, **stats}, x, train=True, mutable=["batch_stats"]
+      )
+      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), new
+
+    return jax.grad(loss, has_aux=True)(params)
+
+  params, stats = setup.params, setup.model_state
+  state = tx.init(params)
+  for _ in calls:
+    shards = [
+      shard_grad(params, stats, xs, ys)
+      for xs, ys in zip(np.split(x, 8), np.split(y, 8), strict=True)
+    ]
+    mean = lambda *t: sum(t) / len(t)
+    grads = jax.tree.map(mean, *[g for g, _ in shards])
+    stats = jax.tree.map(mean, *[s for _, s in shards])
+    updates, state = tx.update(grads, state)
+    params = optax.apply_updates(params, updates)
+
+  got_params, got_stats = carry[0], carry[1]
+  # Compared as steps from the initial params, relative to their size: the
+  # workers' float32 sums run in another order than the reference's, and batch
+  # norm over 2 examples per worker amplifies that to ~0.2% here. Global batch
+  # statistics or a lost momentum trace are off by more than 100%.
+  for got, want, start in zip(
+    jax.tree.leaves(got_params),
+    jax.tree.leaves(params),
+    jax.tree.leaves(setup.params),
+    strict=True,
+  ):
+    moved = np.asarray(want) - np.asarray(start)
+    assert np.max(np.abs(moved)) > 0
+    error = np.max(np.abs(np.asarray(got) - np.asarray(want)))
+    assert error <= 1e-2 * np.max(np.abs(moved))
+  for got, want in zip(jax.tree.leaves(got_stats), jax.tree.leaves(stats), strict=True):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
