@@ -57,13 +57,6 @@ from gradcomp.bench.output import write_json
 RATIO = 0.05
 #: Sketch-Fusion's final accuracy may be at most this much below dense's.
 TARGET_PP = 0.5
-#: Methods left out of the default ResNet-20 runs, and why.
-RESNET20_SKIPPED = {
-  "dgc": "hangs in its final checkpoint: train/checkpoint.py's _all_finite runs "
-  "one eager jnp.all per leaf, and 130 such all-reduces in flight over the "
-  "per-worker leaves (DGC keeps 2 per parameter leaf) deadlock XLA:CPU's 8 "
-  "virtual devices (--throughput-methods to try it)",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,8 +330,7 @@ def run(
     eval_every: digits eval (and throughput log) interval, in steps.
     throughput_steps: steps of each ResNet-20 run; 0 skips ResNet-20.
     throughput_skip: first steps of a ResNet-20 run left out of samples/s.
-    throughput_methods: the ResNet-20 runs (default: ``methods`` but those
-      of :data:`RESNET20_SKIPPED`).
+    throughput_methods: the ResNet-20 runs (default: ``methods``).
     out_dir: where the outputs and the runs' workdirs go.
   """
   import jax
@@ -396,14 +388,12 @@ def run(
   resnet = None
   if throughput_steps > 0:
     if throughput_methods is None:
-      throughput_methods = [m for m in methods if m.label not in RESNET20_SKIPPED]
+      throughput_methods = list(methods)
     resnet = _resnet20_throughput(
       throughput_methods, throughput_steps, throughput_skip, runs_dir
     )
     resnet["skipped"] = {
-      m.label: RESNET20_SKIPPED.get(m.label, "not selected")
-      for m in methods
-      if m.label not in resnet["methods"]
+      m.label: "not selected" for m in methods if m.label not in resnet["methods"]
     }
   every = {m.label: m for m in (*methods, *(throughput_methods or ()))}
   result = {
