@@ -147,12 +147,6 @@ def _sharded_update(tx, tree, mesh):
   return f, grads, state
 
 
-def measure_step(tx, tree, mesh, repeats: int) -> float:
-  """Median seconds of one sharded ``tx.update`` over per-worker copies of ``tree``."""
-  f, grads, state = _sharded_update(tx, tree, mesh)
-  return steady_state_seconds(f, state, grads, repeats=repeats)
-
-
 def measure_steps(txs: dict, tree, mesh, repeats: int) -> dict[str, tuple[float, ...]]:
   """Per named ``tx``: ``repeats`` step times, measured round-robin.
 
