@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
+from gradcomp._src import workers
 
 AXIS = "data"
 WORKERS = 8
@@ -39,12 +40,7 @@ def worker_state(tx, params):
 def sharded_update(tx, *, jit: bool = True):
   """``f(grads, state) -> (updates, state)``, all with a leading worker axis."""
 
-  def step(grads, state):
-    grads = gradcomp.drop_worker_axis(grads)
-    updates, state = tx.update(grads, gradcomp.drop_worker_axis(state))
-    return gradcomp.add_worker_axis((updates, state))
-
-  f = jax.shard_map(step, mesh=mesh(), in_specs=P(AXIS), out_specs=P(AXIS))
+  f = workers.sharded_update(tx, mesh(), AXIS)
   return jax.jit(f) if jit else f
 
 

@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from gradcomp._src import spec as spec_lib
 from gradcomp._src.fusion_plan import Plan
-from gradcomp._src.workers import add_worker_axis, drop_worker_axis
+from gradcomp._src.workers import add_worker_axis, sharded_update
 
 #: Sizes timed by default: 2^4, 2^6, ..., 2^24 values (paper 000 Fig. 1b's range).
 DEFAULT_SIZES = tuple(2**p for p in range(4, 25, 2))
@@ -250,29 +250,36 @@ def _collectives(jaxpr, totals: dict[str, list], scale: int = 1) -> None:
           _collectives(s, totals, inner_scale)
 
 
-def traced_wire(tx_for_axis, size: int) -> dict[str, tuple[int, int]]:
-  """(bytes, messages) per collective kind one worker sends for a ``size`` buffer.
+def traced_collectives(tx, tree, axis_name: str, workers: int):
+  """``{kind: (bytes, messages)}`` one worker sends updating gradients ``tree``.
 
-  ``tx_for_axis(axis_name)`` builds the compressor exchanging over
-  ``axis_name``; it is traced (not compiled or run) under ``shard_map`` on an
-  abstract mesh of two workers, so this needs no devices. Counting from the
-  program catches indices, padding and second rounds; ``wire.wire_bytes``
-  reads the same from the compiled HLO on real devices.
+  ``tx`` exchanges over ``axis_name``; ``tree`` holds arrays or
+  ``jax.ShapeDtypeStruct``. The update is traced (not compiled or run) under
+  ``shard_map`` on an abstract mesh of ``workers``, so this needs no
+  devices. Counting from the program catches indices, padding and second
+  rounds; ``wire.wire_bytes`` reads the same from the compiled HLO.
   """
-  tx = tx_for_axis(_TRACE_AXIS)
-  mesh = AbstractMesh((_TRACE_WORKERS,), (_TRACE_AXIS,))
-  leaf = jax.ShapeDtypeStruct((size,), jnp.float32)
-  state = jax.eval_shape(lambda: add_worker_axis(tx.init((leaf,)), _TRACE_WORKERS))
-  grads = jax.ShapeDtypeStruct((_TRACE_WORKERS, size), jnp.float32)
-
-  def step(g, s):
-    updates, s = tx.update((g[0],), drop_worker_axis(s))
-    return updates[0][None], add_worker_axis(s)
-
-  f = jax.shard_map(step, mesh=mesh, in_specs=P(_TRACE_AXIS), out_specs=P(_TRACE_AXIS))
+  mesh = AbstractMesh((workers,), (axis_name,))
+  state = jax.eval_shape(lambda: add_worker_axis(tx.init(tree), workers))
+  grads = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct((workers, *x.shape), x.dtype), tree
+  )
+  f = sharded_update(tx, mesh, axis_name)
   totals = {k: [0, 0] for k in KINDS}
   _collectives(jax.make_jaxpr(f)(grads, state).jaxpr, totals)
   return {k: (b, m) for k, (b, m) in totals.items() if m}
+
+
+def traced_wire(tx_for_axis, size: int) -> dict[str, tuple[int, int]]:
+  """:func:`traced_collectives` of one float32 buffer of ``size`` values.
+
+  ``tx_for_axis(axis_name)`` builds the compressor exchanging over
+  ``axis_name``; it is traced on two workers.
+  """
+  leaf = jax.ShapeDtypeStruct((size,), jnp.float32)
+  return traced_collectives(
+    tx_for_axis(_TRACE_AXIS), (leaf,), _TRACE_AXIS, _TRACE_WORKERS
+  )
 
 
 # -- timing ------------------------------------------------------------------
@@ -312,15 +319,7 @@ def _time_update(tx, leaves: list, devices: int, repeats: int) -> float:
   sharding = NamedSharding(mesh, P("devices"))
   grads = jax.device_put(add_worker_axis(leaves, devices), sharding)
   state = jax.device_put(add_worker_axis(tx.init(leaves), devices), sharding)
-
-  def step(g, s):
-    updates, s = tx.update(drop_worker_axis(g), drop_worker_axis(s))
-    return add_worker_axis(updates), add_worker_axis(s)
-
-  fn = jax.jit(
-    jax.shard_map(step, mesh=mesh, in_specs=P("devices"), out_specs=P("devices")),
-    donate_argnums=1,
-  )
+  fn = jax.jit(sharded_update(tx, mesh, "devices"), donate_argnums=1)
   return steady_state_seconds(fn, state, grads, repeats=repeats)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 
 def add_worker_axis(tree, num_workers: int = 1):
@@ -23,3 +24,18 @@ def add_worker_axis(tree, num_workers: int = 1):
 def drop_worker_axis(tree):
   """Inverse of ``add_worker_axis(tree, 1)``: each leaf's (size-1) axis 0 removed."""
   return jax.tree.map(lambda x: x[0], tree)
+
+
+def sharded_update(tx, mesh, axis_name: str):
+  """``shard_map`` of one ``tx.update`` over the workers of ``mesh``.
+
+  Returns ``f(grads, state) -> (updates, state)``, every tree with a leading
+  worker axis split over ``axis_name``: each worker updates its own block.
+  ``mesh`` may be an ``AbstractMesh`` (for tracing without devices).
+  """
+
+  def step(grads, state):
+    updates, state = tx.update(drop_worker_axis(grads), drop_worker_axis(state))
+    return add_worker_axis((updates, state))
+
+  return jax.shard_map(step, mesh=mesh, in_specs=P(axis_name), out_specs=P(axis_name))

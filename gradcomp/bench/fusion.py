@@ -42,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 import gradcomp
 from gradcomp._src import registry, shapes
 from gradcomp._src.profile import DEFAULT_SIZES, backend_name, steady_state_seconds
+from gradcomp._src.workers import sharded_update
 from gradcomp.bench.output import write_json
 from gradcomp.fusion import model_workload
 
@@ -135,16 +136,7 @@ def _sharded_update(tx, tree, mesh):
   sharding = NamedSharding(mesh, P(AXIS))
   grads = jax.device_put(gradcomp.add_worker_axis(tree, n), sharding)
   state = jax.device_put(gradcomp.add_worker_axis(tx.init(tree), n), sharding)
-
-  def step(g, s):
-    updates, s = tx.update(gradcomp.drop_worker_axis(g), gradcomp.drop_worker_axis(s))
-    return updates, gradcomp.add_worker_axis(s)
-
-  f = jax.jit(
-    jax.shard_map(step, mesh=mesh, in_specs=P(AXIS), out_specs=(P(), P(AXIS))),
-    donate_argnums=1,
-  )
-  return f, grads, state
+  return jax.jit(sharded_update(tx, mesh, AXIS), donate_argnums=1), grads, state
 
 
 def measure_steps(txs: dict, tree, mesh, repeats: int) -> dict[str, tuple[float, ...]]:

@@ -25,8 +25,8 @@ step (``jit(...).lower(...).compile()``, parsed by
 ``gradcomp.wire_bytes``), compiled from ``jax.ShapeDtypeStruct`` arguments on
 the real mesh, so nothing is allocated. Layer-wise: the *traced* program of
 the same step, the whole tree at once (``jax.make_jaxpr`` under ``shard_map``
-on an ``AbstractMesh`` of ``workers``; the counter of
-``gradcomp._src.profile.traced_wire``), not compiled by default: on the
+on an ``AbstractMesh`` of ``workers``:
+``gradcomp._src.profile.traced_collectives``), not compiled by default: on the
 2-core CPU the 12 layer-wise ResNet-20 steps alone took ~2.5 minutes to
 compile (sketch_topk 61 s), and ResNet-50's 161 tensors take longer, which
 with the fused compiles is over this suite's 10-minute budget. The two counts
@@ -57,7 +57,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
@@ -65,6 +65,7 @@ from gradcomp._src import profile as profile_lib
 from gradcomp._src import shapes
 from gradcomp._src.spec import spec_of
 from gradcomp._src.wire import collective_bytes
+from gradcomp._src.workers import sharded_update
 from gradcomp.bench.compress import machine_info
 from gradcomp.bench.fusion import SEARCH_COMPRESSORS
 from gradcomp.bench.output import write_json
@@ -101,18 +102,6 @@ def _layout(tx, layout: str):
   return tx if layout == "layerwise" else gradcomp.layerfusion(tx, "single")
 
 
-def _step(tx, mesh):
-  """``shard_map`` of one update; per-worker grads and state carry a worker axis."""
-
-  def step(grads, state):
-    updates, state = tx.update(
-      gradcomp.drop_worker_axis(grads), gradcomp.drop_worker_axis(state)
-    )
-    return updates, gradcomp.add_worker_axis(state)
-
-  return jax.shard_map(step, mesh=mesh, in_specs=P(AXIS), out_specs=(P(), P(AXIS)))
-
-
 def _arguments(tx, tree, workers: int, sharding=None):
   """Shapes of the per-worker gradients and state, optionally with a sharding."""
 
@@ -124,19 +113,10 @@ def _arguments(tx, tree, workers: int, sharding=None):
   return grads, jax.tree.map(lambda x: sds(x.shape, x.dtype), state)
 
 
-def traced_collectives(tx, tree, workers: int) -> dict[str, tuple[int, int]]:
-  """``{kind: (bytes, collectives)}`` one worker issues, from the traced step."""
-  mesh = AbstractMesh((workers,), (AXIS,))
-  jaxpr = jax.make_jaxpr(_step(tx, mesh))(*_arguments(tx, tree, workers))
-  totals = {k: [0, 0] for k in profile_lib.KINDS}
-  profile_lib._collectives(jaxpr.jaxpr, totals)
-  return {k: (int(b), int(m)) for k, (b, m) in totals.items() if m}
-
-
 def compiled_collectives(tx, tree, mesh) -> dict[str, int]:
   """``{kind: bytes}`` one worker sends, from the compiled HLO of the step."""
   args = _arguments(tx, tree, mesh.devices.size, NamedSharding(mesh, P(AXIS)))
-  text = jax.jit(_step(tx, mesh)).lower(*args).compile().as_text()
+  text = jax.jit(sharded_update(tx, mesh, AXIS)).lower(*args).compile().as_text()
   return {k: int(b) for k, b in collective_bytes(text).items() if b}
 
 
@@ -167,7 +147,7 @@ def measure(
   for layout in LAYOUTS:
     layout_tx = _layout(tx, layout)
     t0 = time.perf_counter()
-    traced = traced_collectives(layout_tx, tree, workers)
+    traced = profile_lib.traced_collectives(layout_tx, tree, AXIS, workers)
     trace_s = time.perf_counter() - t0
     traced_bytes = {k: b for k, (b, _) in traced.items()}
     entry: dict[str, Any] = {
