@@ -20,12 +20,10 @@ seeds of Sketch-Fusion reuse it and get the same plan.
 
 Wall time. Each ``metrics.jsonl`` row carries ``samples_per_sec`` over the
 steps since the previous row, timed from the end of step 1 (its compile
-excluded) and restarted after every eval and checkpoint. Unless the rows carry
-a logged ``wall_seconds``, the time of an eval is derived as the sum over rows of
-``steps x global_batch / samples_per_sec``: seconds of training steps only
-(no compile, eval, checkpoint or logging). ``time_source`` in the JSON says
-which was used; ``train_seconds`` (derived) is always kept, and so is
-``elapsed_seconds`` (``train.logs.elapsed_seconds``: wall time since the
+excluded) and restarted after every eval and checkpoint. The time of an eval
+is the sum over rows of ``steps x global_batch / samples_per_sec``
+(``train_seconds``): seconds of training steps only (no compile, eval,
+checkpoint or logging). Beside it the JSON keeps ``elapsed_seconds`` (``train.logs.elapsed_seconds``: wall time since the
 run's ``started`` row, step 1's compile, evals and checkpoints included).
 
 Run: ``python -m gradcomp.bench convergence [--seeds 3] [--steps 600]``. Writes
@@ -161,14 +159,6 @@ def configure(
   return config
 
 
-def time_source(rows: Sequence[Mapping[str, Any]]) -> str:
-  """``"wall_seconds"`` if every eval row logs it, else ``"derived"``."""
-  evals = [r for r in rows if "eval_accuracy" in r]
-  if evals and all(r.get("wall_seconds") is not None for r in evals):
-    return "wall_seconds"
-  return "derived"
-
-
 def eval_curve(rows: Sequence[Mapping[str, Any]], batch_size: int) -> dict[str, Any]:
   """The eval points of one run's ``metrics.jsonl`` rows, with their time.
 
@@ -196,8 +186,6 @@ def eval_curve(rows: Sequence[Mapping[str, Any]], batch_size: int) -> dict[str, 
     "eval_loss": [r["eval_loss"] for r in evals],
     "train_seconds": [float(np.interp(r["step"], steps, seconds)) for r in evals],
   }
-  if time_source(rows) == "wall_seconds":
-    curve["wall_seconds"] = [r["wall_seconds"] for r in evals]
   return curve
 
 
@@ -282,7 +270,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     "final_accuracy": _stats(acc[:, -1]),
     "final_loss": _stats([c["eval_loss"][-1] for c in curves]),
   }
-  for key in ("train_seconds", "wall_seconds", "elapsed_seconds"):
+  for key in ("train_seconds", "elapsed_seconds"):
     if all(key in c for c in curves):
       out[f"{key}_mean"] = np.mean([c[key] for c in curves], 0).tolist()
   out["samples_per_sec"] = _stats([r["samples_per_sec"] for r in runs])
@@ -366,11 +354,6 @@ def run(
         f"digits {m.label} seed {seed}: accuracy "
         f"{r['final']['eval_accuracy']:.4f}, {r['run_seconds']:.1f} s"
       )
-  sources = {
-    "wall_seconds" if "wall_seconds" in r["curve"] else "derived"
-    for rs in per_method.values()
-    for r in rs
-  }
   summaries = {label: summarize(rs) for label, rs in per_method.items()}
   digits = {
     "config": "configs/default.py",
@@ -378,7 +361,6 @@ def run(
     "eval_every": eval_every,
     "global_batch_size": digits_batch,
     "seeds": seeds,
-    "time_source": "wall_seconds" if sources == {"wall_seconds"} else "derived",
     "methods": {
       label: {"summary": summaries[label], "runs": per_method[label]}
       for label in per_method
@@ -452,11 +434,10 @@ def _hp(m: Mapping[str, Any]) -> str:
 def format_tables(result: Mapping[str, Any]) -> str:
   """Markdown tables of a :func:`run` result."""
   d, mi = result["digits"], result["machine"]
-  time_note = {
-    "derived": "train s: steps x batch / logged samples/s, training steps only "
-    "(no compile, eval, checkpoint)",
-    "wall_seconds": "train s: the logged wall_seconds at the last eval",
-  }[d["time_source"]]
+  time_note = (
+    "train s: steps x batch / logged samples/s, training steps only "
+    "(no compile, eval, checkpoint)"
+  )
   lines = [
     f"digits MLP, {mi['device_count']} workers ({mi['backend']}), {d['steps']} "
     f"steps of {d['global_batch_size']}, {d['seeds']} seeds; final eval accuracy "
@@ -472,8 +453,7 @@ def format_tables(result: Mapping[str, Any]) -> str:
     s, m, run0 = entry["summary"], result["methods"][label], entry["runs"][0]
     fa = s["final_accuracy"]
     std = "" if fa["std"] is None else f" ± {100 * fa['std']:.2f}"
-    key = "wall_seconds_mean" if d["time_source"] == "wall_seconds" else None
-    secs = s[key or "train_seconds_mean"][-1]
+    secs = s["train_seconds_mean"][-1]
     lines.append(
       f"| {label} | {m['compressor']} | {m['plan']} ({run0['groups'] or '-'}) "
       f"| {_hp(m)} | {100 * fa['mean']:.2f}{std} "
@@ -517,25 +497,18 @@ def plot(result: Mapping[str, Any], path: str | Path) -> Path:
   from matplotlib.figure import Figure
 
   d = result["digits"]
-  time_key = (
-    "wall_seconds_mean" if d["time_source"] == "wall_seconds" else "train_seconds_mean"
-  )
   fig = Figure(figsize=(11, 4.2), layout="constrained")
   FigureCanvasAgg(fig)
   by_step, by_time = fig.subplots(1, 2, sharey=True)
   for label, entry in d["methods"].items():
     s = entry["summary"]
-    for ax, x in ((by_step, s["step"]), (by_time, s[time_key])):
+    for ax, x in ((by_step, s["step"]), (by_time, s["train_seconds_mean"])):
       (line,) = ax.plot(x, s["accuracy_mean"], marker=".", label=label)
       ax.fill_between(
         x, s["accuracy_min"], s["accuracy_max"], color=line.get_color(), alpha=0.2
       )
   by_step.set(xlabel="step", ylabel="eval accuracy")
-  by_time.set(
-    xlabel="wall seconds (logged)"
-    if d["time_source"] == "wall_seconds"
-    else "seconds of training steps (from samples/s)"
-  )
+  by_time.set(xlabel="seconds of training steps (from samples/s)")
   lo = min(min(e["summary"]["accuracy_min"]) for e in d["methods"].values())
   by_step.set_ylim(max(lo - 0.01, 0.0), 1.0)
   for ax in (by_step, by_time):
