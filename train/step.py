@@ -179,6 +179,20 @@ def loss_fn(model: nn.Module, params, model_state, x, y, *, train: bool):
   return jnp.mean(loss), (jnp.mean(correct), new_state)
 
 
+def init_model(model: nn.Module, rng, input_shape, dtype) -> tuple[Any, dict]:
+  """``(params, model_state)``: ``model``'s variables for inputs of ``input_shape``."""
+  variables = dict(jax.jit(model.init)(rng, jnp.zeros((1, *input_shape), dtype)))
+  params = variables.pop("params")
+  return params, variables
+
+
+def gradient_order(model: nn.Module, params, model_state, x, y) -> list[int]:
+  """``gradcomp.gradient_order`` of the loss: the leaves in gradient-ready order."""
+  return gradcomp.gradient_order(
+    lambda p, x, y: loss_fn(model, p, model_state, x, y, train=False)[0], params, x, y
+  )
+
+
 def _body(
   model, tx, layout: Layout, params, model_state, opt_state, batch, *, probe=None
 ):

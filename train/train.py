@@ -176,18 +176,10 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
 
   rng = jax.random.PRNGKey(config.seed)  # Raw uint32[2]: checkpointable as is.
   init_rng, rng = jax.random.split(rng)
-  variables = jax.jit(model.init)(
-    init_rng, jnp.zeros((1, *ds.input_shape), ds.x_train.dtype)
+  params, model_state = step_lib.init_model(
+    model, init_rng, ds.input_shape, ds.x_train.dtype
   )
-  variables = dict(variables)
-  params = variables.pop("params")
-  model_state = variables
-
-  order = gradcomp.gradient_order(
-    lambda p, x, y: step_lib.loss_fn(model, p, model_state, x, y, train=False)[0],
-    params,
-    *batch_like,
-  )
+  order = step_lib.gradient_order(model, params, model_state, *batch_like)
   sizes = [int(np.size(x)) for x in jax.tree.leaves(params)]
   tx, plan = optimizer_lib.create(
     config, order, num_steps, step_lib.AXIS, sizes, _saved_plan(workdir)

@@ -138,21 +138,15 @@ def build(batch: int, seed: int = 0) -> Setup:
   ds = data_lib.synthetic_like("cifar10", seed=seed, num_train=batch, num_test=8)
   model = models.create("resnet20", ds.num_classes)
   init_rng, _ = jax.random.split(jax.random.PRNGKey(seed))
-  variables = dict(
-    jax.jit(model.init)(init_rng, jnp.zeros((1, *ds.input_shape), ds.x_train.dtype))
+  params, model_state = step_lib.init_model(
+    model, init_rng, ds.input_shape, ds.x_train.dtype
   )
-  params = variables.pop("params")
   x, y = next(data_lib.batches(ds.x_train, ds.y_train, batch, seed))
-  order = gradcomp.gradient_order(
-    lambda p, x, y: step_lib.loss_fn(model, p, variables, x, y, train=False)[0],
-    params,
-    x,
-    y,
-  )
+  order = step_lib.gradient_order(model, params, model_state, x, y)
   return Setup(
     model=model,
     params=params,
-    model_state=variables,
+    model_state=model_state,
     batch=(x, y),
     order=tuple(order),
     sizes=tuple(int(np.size(v)) for v in jax.tree.leaves(params)),
