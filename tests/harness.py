@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
-from gradcomp._src import workers
+from gradcomp.parallel import workers
 
 AXIS = "data"
 WORKERS = 8

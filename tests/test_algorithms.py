@@ -8,9 +8,9 @@ import optax
 import pytest
 
 import gradcomp
-from gradcomp._src.base import CompressorState
-from gradcomp._src.dgc import DGCLeafState
-from gradcomp._src.memory import ErrorFeedbackState
+from gradcomp.compressors.base import CompressorState
+from gradcomp.compressors.dgc import DGCLeafState
+from gradcomp.compressors.memory import ErrorFeedbackState
 
 import harness
 
@@ -97,7 +97,7 @@ def test_randomk_sends_the_same_k_coordinates_from_every_worker():
 
 
 def test_randomk_indices_are_distinct_and_cover_uniformly():
-  from gradcomp._src.randomk import shared_indices
+  from gradcomp.compressors.randomk import shared_indices
 
   counts = np.zeros(103)
   for s in range(300):
@@ -134,7 +134,7 @@ def test_powersgd_on_workers_equals_single_device_on_the_mean():
 
 
 def test_powersgd_reshapes_vectors_near_square():
-  from gradcomp._src.powersgd import matrix_shape
+  from gradcomp.compressors.powersgd import matrix_shape
 
   assert matrix_shape((1000,)) == (32, 32)
   assert matrix_shape((3, 3, 16, 32)) == (144, 32)

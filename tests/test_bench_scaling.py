@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from gradcomp._src import shapes
 from gradcomp.bench import paper, scaling
+from gradcomp.models import shapes
 
 # Comp is affine, so a coarse grid is exact; it keeps the wire tracing cheap.
 SIZES = (16, 1024, 65536)

@@ -63,7 +63,7 @@ def test_times_and_throughput(tiny):
 
 
 def test_leaf_flops_match_the_shape_tables():
-  from gradcomp._src import shapes
+  from gradcomp.models import shapes
 
   setup = step.build(BATCH)
   # The flax model adds projection shortcuts (2 convs + 2 BN) to shapes' 59.

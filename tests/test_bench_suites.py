@@ -14,9 +14,9 @@ import jax
 import numpy as np
 import pytest
 
-from gradcomp._src import shapes
 from gradcomp.bench import __main__ as bench_main
 from gradcomp.bench import sizes, wire_suite
+from gradcomp.models import shapes
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RESNET20_SIZES = [math.prod(s) for _, s in shapes.resnet20_shapes()]

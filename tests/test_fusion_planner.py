@@ -15,11 +15,11 @@ import optax
 import pytest
 
 import gradcomp
-from gradcomp._src import fusion_search
-from gradcomp._src import profile as profile_lib
-from gradcomp._src.spec import spec_of
-from gradcomp._src.wire import collective_bytes
 from gradcomp.bench.fusion import SEARCH_COMPRESSORS
+from gradcomp.compressors.spec import spec_of
+from gradcomp.fusion import search as fusion_search
+from gradcomp.parallel.traced import traced_wire
+from gradcomp.parallel.wire import collective_bytes
 
 import harness
 
@@ -64,9 +64,7 @@ def test_every_registered_compressor_records_its_spec():
 def test_traced_wire_equals_compiled_hlo(name):
   size = 3000
   kwargs = REGISTRY_KWARGS[name]
-  traced = profile_lib.traced_wire(
-    lambda axis: gradcomp.get(name, axis_name=axis, **kwargs), size
-  )
+  traced = traced_wire(lambda axis: gradcomp.get(name, axis_name=axis, **kwargs), size)
   tx = gradcomp.get(name, axis_name=harness.AXIS, **kwargs)
   grads = harness.shard({"x": jnp.zeros((harness.WORKERS, size))})
   state = harness.worker_state(tx, {"x": jax.ShapeDtypeStruct((size,), jnp.float32)})
@@ -282,7 +280,7 @@ def test_heuristic_on_resnet50_is_fast_near_optimal_and_deterministic():
   import math
   import time
 
-  from gradcomp._src import shapes
+  from gradcomp.models import shapes
 
   named = shapes.resnet50_shapes()[::-1]
   flops = shapes.forward_flops("resnet50")[::-1]
@@ -371,7 +369,7 @@ def test_auto_plan_rejects_a_profile_for_another_compressor():
 
 
 def test_fusion_command_line_compares_plans(tmp_path, capsys):
-  from gradcomp import fusion
+  from gradcomp.fusion import cli as fusion
 
   profile_path, plan_path = tmp_path / "topk.json", tmp_path / "plan.json"
   synthetic_profile(label=spec_of(gradcomp.topk(0.01)).label()).save(profile_path)
@@ -384,7 +382,7 @@ def test_fusion_command_line_compares_plans(tmp_path, capsys):
   plan = gradcomp.Plan.from_json(plan_path.read_text())
   assert plan.num_leaves == 59
   # Leaf indices refer to the sorted-name tree; the first ready is the fc bias.
-  from gradcomp._src import shapes
+  from gradcomp.models import shapes
 
   names = sorted(n for n, _ in shapes.resnet20_shapes())
   assert names[plan.order[0]] == "fc/bias"
@@ -399,7 +397,7 @@ def test_fusion_command_line_compares_plans(tmp_path, capsys):
   ],
 )
 def test_fusion_command_line_rejects_bad_input(tmp_path, capsys, extra, message):
-  from gradcomp import fusion
+  from gradcomp.fusion import cli as fusion
 
   path = tmp_path / "topk.json"
   synthetic_profile(label=spec_of(gradcomp.topk(0.01)).label()).save(path)

@@ -12,9 +12,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
-from gradcomp._src.fusion_plan import Plan
-from gradcomp._src.gradient_order import gradient_order
-from gradcomp._src.layerfusion import LayerFusionState, layerfusion
+from gradcomp.fusion.fused import LayerFusionState
+from gradcomp.fusion.gradient_order import gradient_order
+from gradcomp.fusion.layerfusion import layerfusion
+from gradcomp.fusion.plan import Plan
 
 import harness
 

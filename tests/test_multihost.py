@@ -18,7 +18,8 @@ import pytest
 from test_train import ROOT, command_line, leaves, tiny_config
 
 import gradcomp
-from train import checkpoint, logs, models, train
+from gradcomp.models import zoo as models
+from train import checkpoint, logs, train
 from train import step as step_lib
 
 STEPS = 20

@@ -1,4 +1,4 @@
-"""Tests for gradcomp._src.selection against NumPy."""
+"""Tests for gradcomp.kernels.selection against NumPy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradcomp._src import selection
+from gradcomp.kernels import selection
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 # A small sample makes medium arrays (2^16..2^18) take the sampled path.
@@ -192,7 +192,7 @@ def test_rejects_bad_k():
 
 
 def test_threshold_top_k_selects_at_most_k_above_a_sampled_threshold():
-  from gradcomp._src.selection import threshold_top_k
+  from gradcomp.kernels.selection import threshold_top_k
 
   x = np.random.default_rng(0).standard_normal(50_000).astype(np.float32)
   values, indices = threshold_top_k(jnp.asarray(x), 500, 5_000)  # sampled path
@@ -207,7 +207,7 @@ def test_threshold_top_k_selects_at_most_k_above_a_sampled_threshold():
 
 
 def test_threshold_top_k_pads_when_few_pass():
-  from gradcomp._src.selection import threshold_top_k
+  from gradcomp.kernels.selection import threshold_top_k
 
   x = np.zeros(10_000, np.float32)
   x[[5, 7000]] = [3.0, -2.0]

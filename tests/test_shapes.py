@@ -5,7 +5,7 @@ import math
 import jax.numpy as jnp
 import pytest
 
-from gradcomp._src import shapes
+from gradcomp.models import shapes
 
 
 def _count(shape_list):

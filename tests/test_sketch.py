@@ -11,10 +11,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
-from gradcomp._src import count_sketch as cs
-from gradcomp._src.base import CompressorState
-from gradcomp._src.memory import ErrorFeedbackState
-from gradcomp._src.sketch_topk import sketch_topk
+from gradcomp.compressors.base import CompressorState
+from gradcomp.compressors.memory import ErrorFeedbackState
+from gradcomp.compressors.sketch_topk import sketch_topk
+from gradcomp.kernels import count_sketch as cs
 
 import harness
 

@@ -25,7 +25,8 @@ import pytest
 
 import gradcomp
 from configs import default
-from train import data, launch, logs, models, train
+from gradcomp.models import zoo as models
+from train import data, launch, logs, train
 from train import step as step_lib
 
 ROOT = Path(__file__).resolve().parents[1]

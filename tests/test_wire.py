@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 import gradcomp
-from gradcomp._src.wire import collective_bytes
+from gradcomp.parallel.wire import collective_bytes
 
 import harness
 

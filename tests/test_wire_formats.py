@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradcomp._src import bits, hashing
+from gradcomp.kernels import bits, hashing
 
 
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 1000])

@@ -23,9 +23,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
+from gradcomp.models import zoo as models
 from train import checkpoint as checkpoint_lib
 from train import data as data_lib
-from train import logs, models
+from train import logs
 from train import optimizer as optimizer_lib
 from train import step as step_lib
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from gradcomp._src import shapes
 from gradcomp.bench import compress, sketch
+from gradcomp.models import shapes
 
 
 def _compress(args: argparse.Namespace) -> None:

@@ -46,9 +46,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradcomp._src import shapes as shapes_lib
 from gradcomp.bench import timing
 from gradcomp.bench.output import write_json
+from gradcomp.models import shapes as shapes_lib
 
 _F32 = 4  # bytes per float32 element
 _I32 = 4  # bytes per int32 index

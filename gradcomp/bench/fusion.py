@@ -40,11 +40,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
-from gradcomp._src import registry, shapes
-from gradcomp._src.profile import DEFAULT_SIZES, backend_name, steady_state_seconds
-from gradcomp._src.workers import sharded_update
 from gradcomp.bench.output import write_json
-from gradcomp.fusion import model_workload
+from gradcomp.compressors import registry
+from gradcomp.fusion.profiling import backend_name, steady_state_seconds
+from gradcomp.models import shapes
+from gradcomp.parallel.workers import sharded_update
+from gradcomp.sim.model_workload import model_workload
+from gradcomp.sim.profile import DEFAULT_SIZES
 
 AXIS = "data"
 
@@ -292,7 +294,7 @@ def search_table(
   Profiles are measured on one device of this backend (or loaded from
   ``profile_dir/<compressor>.json`` when present, and saved there otherwise);
   compute time per model comes from its FLOPs at the default throughput
-  (``gradcomp.fusion.model_workload``).
+  (``gradcomp.sim.model_workload``).
   """
   rows = []
   for name, kwargs in SEARCH_COMPRESSORS.items():

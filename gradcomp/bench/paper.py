@@ -3,7 +3,7 @@
 Each constant cites where it comes from: a table or section of paper 000
 (``../shared/papers/000_d141ab4bcef25a39.txt``), or, for the V100 itself, a
 published measurement. Keys are gradcomp's registered compressor names and
-``gradcomp._src.shapes.MODELS`` keys.
+``gradcomp.models.shapes.MODELS`` keys.
 
 :func:`v100_profile` turns Table 1 into a synthetic
 :class:`~gradcomp.Profile` per compressor (``Comp(x) = c + s x``,
@@ -17,10 +17,12 @@ import functools
 from collections.abc import Mapping, Sequence
 
 import gradcomp
-from gradcomp._src import registry, shapes
-from gradcomp._src import spec as spec_lib
-from gradcomp._src.profile import DEFAULT_SIZES, KINDS, traced_wire
 from gradcomp.bench.compress import COMPRESSORS
+from gradcomp.compressors import registry
+from gradcomp.compressors import spec as spec_lib
+from gradcomp.models import shapes
+from gradcomp.parallel.traced import traced_wire
+from gradcomp.sim.profile import DEFAULT_SIZES, KINDS
 
 #: Paper 000 §3.1, Table 1: compress + decompress time of the ResNet-50
 #: gradient on a V100, in ms, one number per method. The rows are Top-K 1%,
@@ -117,7 +119,7 @@ def v100_tflops() -> float:
 
   :data:`V100_RESNET50_FP32_IMAGES_PER_S` times a training step's FLOPs per
   image (forward + backward = 3 forward, the convention of
-  ``gradcomp.fusion.model_workload``).
+  ``gradcomp.sim.model_workload``).
   """
   flops = 3 * sum(shapes.forward_flops("resnet50"))
   return V100_RESNET50_FP32_IMAGES_PER_S * flops / 1e12

@@ -16,8 +16,8 @@ Two sources of ``Comp(x)``, both reported:
   same names and hyper-parameters as the ``search`` suite
   (``bench.fusion.SEARCH_COMPRESSORS``), so either suite reuses the other's;
   a missing one is measured on the :data:`MEASURE_SIZES` grid. Compute
-  comes from the models' FLOPs at ``gradcomp.fusion.DEFAULT_TFLOPS`` with
-  Table 3's batch, exactly as ``gradcomp.fusion.model_workload`` does: this
+  comes from the models' FLOPs at ``gradcomp.sim.model_workload.DEFAULT_TFLOPS`` with
+  Table 3's batch, exactly as ``gradcomp.sim.model_workload`` does: this
   machine's own forward and backward would be a CPU's, not a GPU's. Each
   timed call is a whole jitted program, so a layer-wise leaf also pays the
   dispatch of one (a real step dispatches one program for all leaves).
@@ -62,12 +62,13 @@ import time
 from collections.abc import Mapping, Sequence
 
 import gradcomp
-from gradcomp._src import registry, shapes
-from gradcomp._src.profile import AUTO_SIZES
 from gradcomp.bench import paper
 from gradcomp.bench.fusion import SEARCH_COMPRESSORS
 from gradcomp.bench.output import write_json
-from gradcomp.fusion import DEFAULT_TFLOPS, model_workload
+from gradcomp.compressors import registry
+from gradcomp.models import shapes
+from gradcomp.sim.model_workload import DEFAULT_TFLOPS, model_workload
+from gradcomp.sim.profile import AUTO_SIZES
 
 SOURCES = ("measured", "paper")
 MODELS = ("resnet20", "resnet50", "lstm_ptb")
@@ -477,7 +478,7 @@ def _describe(source: str, tflops: float) -> dict:
   if source == "measured":
     return {
       "compute_tflops": DEFAULT_TFLOPS,
-      "compute": f"FLOPs at gradcomp.fusion.DEFAULT_TFLOPS = {DEFAULT_TFLOPS:g} "
+      "compute": f"FLOPs at gradcomp.sim.model_workload.DEFAULT_TFLOPS = {DEFAULT_TFLOPS:g} "
       "TFLOP/s",
       "comp": "measured on this backend (gradcomp.profile, 1 device)",
     }

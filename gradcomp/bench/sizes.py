@@ -63,13 +63,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import gradcomp
-from gradcomp._src import profile as profile_lib
-from gradcomp._src import shapes
-from gradcomp._src.profile import DEFAULT_SIZES, backend_name, steady_state_seconds
 from gradcomp.bench.compress import machine_info
 from gradcomp.bench.fusion import SEARCH_COMPRESSORS
 from gradcomp.bench.output import write_json
 from gradcomp.bench.plots import line_plot
+from gradcomp.fusion.profiling import backend_name, steady_state_seconds
+from gradcomp.models import shapes
+from gradcomp.sim import profile as profile_lib
+from gradcomp.sim.profile import DEFAULT_SIZES
 
 #: ``--full``: every power of two from 2^4 to 2^24.
 FULL_SIZES = tuple(2**p for p in range(4, 25))

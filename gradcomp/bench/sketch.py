@@ -20,10 +20,12 @@ import jax
 import jax.numpy as jnp
 
 import gradcomp
-from gradcomp._src import checks, count_sketch, shapes
-from gradcomp._src.sketch_topk import default_cols, heavymix
 from gradcomp.bench import timing
 from gradcomp.bench.output import write_json
+from gradcomp.compressors import checks
+from gradcomp.compressors.sketch_topk import default_cols, heavymix
+from gradcomp.kernels import count_sketch
+from gradcomp.models import shapes
 
 ROWS, RATIO, SEED = 5, 0.01, 0
 

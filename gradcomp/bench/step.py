@@ -1,7 +1,7 @@
 """Measured training-step time of ResNet-20 per compressor and plan, beside the model's.
 
 Paper 000 §4.3 and §5 (Table 3's ResNet-20). The step is the training
-program's (``train/step.py``): a flax ResNet-20 (``train/models.py``) forward
+program's (``train/step.py``): a flax ResNet-20 (``gradcomp/models/zoo.py``) forward
 and backward on this worker's shard of a synthetic CIFAR-10 batch, the
 compressed exchange inside ``layerfusion(compressor, plan)``, SGD with
 momentum and the non-finite guard (``train/optimizer.py``), as
@@ -66,12 +66,12 @@ import numpy as np
 import gradcomp
 from configs import default as default_config
 from configs import resnet20_cifar10
-from gradcomp._src.profile import backend_name, steady_state_seconds
-from gradcomp._src.wire import collective_bytes
 from gradcomp.bench import fusion
 from gradcomp.bench.output import write_json
+from gradcomp.fusion.profiling import backend_name, steady_state_seconds
+from gradcomp.models import zoo as models
+from gradcomp.parallel.wire import collective_bytes
 from train import data as data_lib
-from train import models
 from train import optimizer as optimizer_lib
 from train import step as step_lib
 

@@ -1,7 +1,7 @@
 """Bytes per step on the wire: every compressor, layer-wise vs fused, on model trees.
 
 For each model (ResNet-20, ResNet-50, the PTB LSTM; float32 gradient trees
-shaped as ``gradcomp._src.shapes.MODELS``) and each compressor of
+shaped as ``gradcomp.models.shapes.MODELS``) and each compressor of
 :data:`gradcomp.bench.fusion.SEARCH_COMPRESSORS`, built with
 ``axis_name="data"``, the step is ``shard_map(tx.update)`` on ``workers``
 devices (8 virtual CPU devices by default), in two layouts:
@@ -21,12 +21,12 @@ dense's (volume factors of ``gradcomp.Cluster``, topology ``"ring"``).
 
 **Where the numbers come from.** Fused: the compiled, optimised HLO of the
 step (``jit(...).lower(...).compile()``, parsed by
-``gradcomp._src.wire.collective_bytes``, the parser behind
+``gradcomp.parallel.wire.collective_bytes``, the parser behind
 ``gradcomp.wire_bytes``), compiled from ``jax.ShapeDtypeStruct`` arguments on
 the real mesh, so nothing is allocated. Layer-wise: the *traced* program of
 the same step, the whole tree at once (``jax.make_jaxpr`` under ``shard_map``
 on an ``AbstractMesh`` of ``workers``:
-``gradcomp._src.profile.traced_collectives``), not compiled by default: on the
+``gradcomp.fusion.profiling.traced_collectives``), not compiled by default: on the
 2-core CPU the 12 layer-wise ResNet-20 steps alone took ~2.5 minutes to
 compile (sketch_topk 61 s), and ResNet-50's 161 tensors take longer, which
 with the fused compiles is over this suite's 10-minute budget. The two counts
@@ -61,16 +61,17 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
-from gradcomp._src import profile as profile_lib
-from gradcomp._src import shapes
-from gradcomp._src.spec import spec_of
-from gradcomp._src.wire import collective_bytes
-from gradcomp._src.workers import sharded_update
 from gradcomp.bench.compress import machine_info
 from gradcomp.bench.fusion import SEARCH_COMPRESSORS
 from gradcomp.bench.output import write_json
 from gradcomp.bench.plots import grouped_bar_plot
 from gradcomp.bench.sizes import select
+from gradcomp.compressors.spec import spec_of
+from gradcomp.fusion.profiling import backend_name
+from gradcomp.models import shapes
+from gradcomp.parallel.traced import traced_collectives
+from gradcomp.parallel.wire import collective_bytes
+from gradcomp.parallel.workers import sharded_update
 
 AXIS = "data"
 MODELS = ("resnet20", "resnet50", "lstm_ptb")
@@ -147,7 +148,7 @@ def measure(
   for layout in LAYOUTS:
     layout_tx = _layout(tx, layout)
     t0 = time.perf_counter()
-    traced = profile_lib.traced_collectives(layout_tx, tree, AXIS, workers)
+    traced = traced_collectives(layout_tx, tree, AXIS, workers)
     trace_s = time.perf_counter() - t0
     traced_bytes = {k: b for k, (b, _) in traced.items()}
     entry: dict[str, Any] = {
@@ -185,7 +186,7 @@ def run(
     )
   mesh = jax.make_mesh((workers,), (AXIS,))
   result: dict[str, Any] = {
-    "backend": profile_lib.backend_name(workers),
+    "backend": backend_name(workers),
     "machine": machine_info(),
     "workers": workers,
     "dense": "fp32 all-reduce of all parameters: 4 bytes x parameters",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from gradcomp._src import exchange
+from gradcomp.compressors import exchange
 
 
 def gather_mean(

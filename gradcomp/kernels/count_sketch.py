@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from gradcomp._src import hashing
+from gradcomp.kernels import hashing
 
 # Medians of up to this many rows use a min/max network (an elementwise
 # pass); jnp.median over a rows x d array sorts and costs ~7 s on 25.6M values.

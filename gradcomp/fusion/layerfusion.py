@@ -5,7 +5,7 @@ cost per call (kernel launches, collective start-up), which dominates for the
 many small tensors of a deep model; §4.1 (Algorithm 2): LayerFusion divides
 the model into ``y`` groups and compresses each group's fused gradient in one
 call. Shaped like ``optax.flatten(inner)`` and ``optax.partition``: the wrapper
-concatenates the leaves of each group of a :class:`~gradcomp._src.fusion_plan.Plan`
+concatenates the leaves of each group of a :class:`~gradcomp.fusion.plan.Plan`
 into one buffer, hands ``inner`` the tuple of buffers, and splits the result
 back. ``plan="auto"`` chooses the groups by the cost model of §4.3 (eq. 7):
 a measured profile of ``inner`` (``profile.py``), a described cluster
@@ -16,70 +16,28 @@ search (``fusion_search.py``). DESIGN §2.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradcomp._src import fusion_search
-from gradcomp._src import profile as profile_lib
-from gradcomp._src.cluster import Cluster
-from gradcomp._src.fusion_plan import Plan, check_order
-from gradcomp._src.spec import spec_of
-from gradcomp._src.timeline import CostModel, Workload
+from gradcomp.compressors.spec import spec_of
+from gradcomp.fusion import profiling
+from gradcomp.fusion import search as fusion_search
+from gradcomp.fusion.fused import fusion_transform
+from gradcomp.fusion.plan import Plan, check_order
+from gradcomp.sim.cluster import Cluster
+from gradcomp.sim.profile import Profile
+from gradcomp.sim.timeline import CostModel, Workload
 
 PLAN_NAMES = ("layerwise", "single", "auto")
-
-
-class LayerFusionState(NamedTuple):
-  """State of :func:`layerfusion`."""
-
-  inner: optax.OptState  # the inner transformation's state over the fused buffers.
-
-
-def _fuse(leaves, plan: Plan) -> tuple:
-  """One buffer per group of ``plan``, in the plan's (gradient-ready) order.
-
-  A group of one leaf is that leaf as it is (shape and dtype kept); a larger
-  group is the float32 concatenation of its raveled leaves. Leaves that are
-  ``jax.ShapeDtypeStruct`` give ``jax.ShapeDtypeStruct`` buffers.
-  """
-  buffers = []
-  for group in plan.groups:
-    if len(group) == 1:
-      buffers.append(leaves[group[0]])
-      continue
-    members = [leaves[i] for i in group]
-    if any(isinstance(x, jax.ShapeDtypeStruct) for x in members):
-      size = sum(int(x.size) for x in members)
-      buffers.append(jax.ShapeDtypeStruct((size,), jnp.float32))
-    else:
-      buffers.append(
-        jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in members])
-      )
-  return tuple(buffers)
-
-
-def _split(buffers, plan: Plan, like) -> list:
-  """Inverse of :func:`_fuse`: the leaves, with the shapes and dtypes of ``like``."""
-  leaves = [None] * plan.num_leaves
-  for group, buffer in zip(plan.groups, buffers, strict=True):
-    start = 0
-    for i in group:
-      shape, dtype = jnp.shape(like[i]), like[i].dtype
-      size = int(jnp.size(like[i]))
-      piece = buffer if len(group) == 1 else buffer[start : start + size]
-      leaves[i] = jnp.reshape(piece, shape).astype(dtype)
-      start += size
-  return leaves
 
 
 def auto_plan(
   sizes: Sequence[int],
   order: Sequence[int],
-  profile: profile_lib.Profile,
+  profile: Profile,
   cluster: Cluster,
   backward_seconds: float | Sequence[float] = 0.0,
   method: str = "heuristic",
@@ -112,7 +70,7 @@ def layerfusion(
   *,
   order=None,
   cluster: Cluster | None = None,
-  profile: profile_lib.Profile | None = None,
+  profile: Profile | None = None,
   backward_seconds: float | Sequence[float] = 0.0,
   search: str = "heuristic",
 ) -> optax.GradientTransformation:
@@ -212,7 +170,7 @@ def layerfusion(
     raise ValueError(f"search must be one of {fusion_search.METHODS}, got {search!r}")
   if plan == "auto":
     if profile is None:
-      profile = profile_lib.profile_for(inner)
+      profile = profiling.profile_for(inner)
     elif spec_of(inner) is not None:
       profile.check_for(inner)
   auto_plans: dict[tuple[int, ...], Plan] = {}
@@ -246,20 +204,4 @@ def layerfusion(
       )
     return auto_plans[sizes]
 
-  def init_fn(params):
-    leaves = jax.tree.leaves(params)
-    return LayerFusionState(inner=inner.init(_fuse(leaves, resolve(leaves))))
-
-  def update_fn(updates, state, params=None):
-    leaves, treedef = jax.tree.flatten(updates)
-    fusion = resolve(leaves)
-    fused_params = None
-    if params is not None:
-      fused_params = _fuse(treedef.flatten_up_to(params), fusion)
-    buffers, inner_state = inner.update(
-      _fuse(leaves, fusion), state.inner, fused_params
-    )
-    out = _split(buffers, fusion, leaves)
-    return jax.tree.unflatten(treedef, out), LayerFusionState(inner=inner_state)
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  return fusion_transform(inner, resolve)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import exchange
-from gradcomp._src.base import LeafCodec, leafwise, stateless_init
-from gradcomp._src.spec import recorded
+from gradcomp.compressors import exchange
+from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
+from gradcomp.compressors.spec import recorded
 
 
 @recorded

@@ -1,7 +1,7 @@
 """Searching fusion plans that minimise eq. 7 (paper 000 §4.3).
 
 Three searches over contiguous partitions of the leaves (in gradient-ready
-order), all scored by a :class:`~gradcomp._src.timeline.CostModel`:
+order), all scored by a :class:`~gradcomp.sim.timeline.CostModel`:
 
 * :func:`heuristic_search`, the paper's: grow the number of groups ``y`` one
   at a time; ``X_y`` is ``X_{y-1}`` with one group split in two, the split
@@ -26,8 +26,8 @@ import itertools
 
 import numpy as np
 
-from gradcomp._src.fusion_plan import Plan
-from gradcomp._src.timeline import CostModel
+from gradcomp.fusion.plan import Plan
+from gradcomp.sim.timeline import CostModel
 
 METHODS = ("heuristic", "optimal", "layerwise", "single")
 

@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import checks, exchange
-from gradcomp._src.base import LeafCodec, leafwise
-from gradcomp._src.memory import error_feedback
-from gradcomp._src.spec import recorded
+from gradcomp.compressors import checks, exchange
+from gradcomp.compressors.base import LeafCodec, leafwise
+from gradcomp.compressors.memory import error_feedback
+from gradcomp.compressors.spec import recorded
 
 
 def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:

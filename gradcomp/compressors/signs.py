@@ -8,10 +8,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import bits, exchange
-from gradcomp._src.base import LeafCodec, leafwise, stateless_init
-from gradcomp._src.memory import error_feedback
-from gradcomp._src.spec import recorded
+from gradcomp.compressors import exchange
+from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
+from gradcomp.compressors.memory import error_feedback
+from gradcomp.compressors.spec import recorded
+from gradcomp.kernels import bits
 
 
 @recorded

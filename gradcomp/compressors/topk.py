@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import optax
 
-from gradcomp._src import checks, exchange, memory, sparse
-from gradcomp._src.base import LeafCodec, leafwise, stateless_init
-from gradcomp._src.selection import top_k_magnitude
-from gradcomp._src.spec import recorded
+from gradcomp.compressors import checks, exchange, memory, sparse
+from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
+from gradcomp.compressors.spec import recorded
+from gradcomp.kernels.selection import top_k_magnitude
 
 
 @recorded

@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import exchange, hashing
+from gradcomp.compressors import exchange
+from gradcomp.kernels import hashing
 
 LeafState = Any
 

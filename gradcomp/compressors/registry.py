@@ -6,15 +6,15 @@ from collections.abc import Callable
 
 import optax
 
-from gradcomp._src.dense import fp16, none
-from gradcomp._src.dgc import dgc
-from gradcomp._src.powersgd import powersgd
-from gradcomp._src.quantizers import qsgd, terngrad
-from gradcomp._src.randomk import randomk
-from gradcomp._src.signs import ef_signsgd, signsgd
-from gradcomp._src.sketch_topk import sketch_topk
-from gradcomp._src.threshold import threshold_quantize
-from gradcomp._src.topk import topk
+from gradcomp.compressors.dense import fp16, none
+from gradcomp.compressors.dgc import dgc
+from gradcomp.compressors.powersgd import powersgd
+from gradcomp.compressors.quantizers import qsgd, terngrad
+from gradcomp.compressors.randomk import randomk
+from gradcomp.compressors.signs import ef_signsgd, signsgd
+from gradcomp.compressors.sketch_topk import sketch_topk
+from gradcomp.compressors.threshold import threshold_quantize
+from gradcomp.compressors.topk import topk
 
 _REGISTRY: dict[str, Callable[..., optax.GradientTransformation]] = {}
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from gradcomp._src import hashing
+from gradcomp.kernels import hashing
 
 AxisName = str | tuple[str, ...] | None
 

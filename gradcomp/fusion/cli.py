@@ -11,7 +11,7 @@ alpha-beta model of the cluster; the backward time per leaf from the model's
 FLOPs at ``--tflops`` (the total can be given with ``--backward-ms``).
 
 Leaf indices in the plan refer to ``jax.tree.leaves`` of the flat
-``{name: array}`` tree of ``gradcomp._src.shapes.make_tree`` (names sorted);
+``{name: array}`` tree of ``gradcomp.models.shapes.make_tree`` (names sorted);
 gradient-ready order is the reverse of the forward order.
 """
 
@@ -20,66 +20,18 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import math
 import sys
 import time
 
-from gradcomp._src import fusion_search, registry, shapes
-from gradcomp._src.cluster import TOPOLOGIES, Cluster
-from gradcomp._src.fusion_plan import Plan
-from gradcomp._src.profile import DEFAULT_SIZES, Profile, profile
-from gradcomp._src.timeline import CostModel, Workload
-
-#: Per-worker batch of paper 000 Table 3.
-BATCH_SIZES = {"resnet20": 128, "vgg16": 128, "resnet50": 128, "lstm_ptb": 32}
-#: Effective training throughput assumed for the compute time, TFLOP/s: about
-#: half a V100's 15.7 fp32 peak, the paper's GPUs (§5).
-DEFAULT_TFLOPS = 8.0
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelWorkload:
-  """A built-in model as the planner sees it."""
-
-  order: tuple[int, ...]  # gradient-ready order of the tree's leaves.
-  workload: Workload  # leaves listed in that order.
-
-
-def model_workload(
-  model: str,
-  *,
-  batch_size: int | None = None,
-  tflops: float = DEFAULT_TFLOPS,
-  backward_ms: float | None = None,
-) -> ModelWorkload:
-  """Sizes and compute of a built-in model's leaves, in gradient-ready order.
-
-  Backward FLOPs are taken as twice the forward's (gradients for inputs and
-  weights), per leaf in proportion to ``shapes.forward_flops``; the forward
-  pass is half the backward. ``backward_ms``, when given, replaces the
-  FLOPs-derived total (e.g. a measured one).
-  """
-  if model not in shapes.MODELS:
-    raise ValueError(
-      f"unknown model {model!r}; valid: {', '.join(sorted(shapes.MODELS))}"
-    )
-  if tflops <= 0:
-    raise ValueError(f"tflops must be > 0, got {tflops}")
-  named = shapes.MODELS[model]()
-  flops = shapes.forward_flops(model)
-  batch = BATCH_SIZES[model] if batch_size is None else batch_size
-  names = [n for n, _ in named]
-  tree_index = {n: i for i, n in enumerate(sorted(names))}
-  ready = list(reversed(range(len(named))))
-  backward_s = (
-    2 * sum(flops) * batch / (tflops * 1e12)
-    if backward_ms is None
-    else backward_ms * 1e-3
-  )
-  workload = Workload.from_weights(
-    [math.prod(named[i][1]) for i in ready], [flops[i] for i in ready], backward_s
-  )
-  return ModelWorkload(tuple(tree_index[names[i]] for i in ready), workload)
+from gradcomp.compressors import registry
+from gradcomp.fusion import search as fusion_search
+from gradcomp.fusion.plan import Plan
+from gradcomp.fusion.profiling import profile
+from gradcomp.models import shapes
+from gradcomp.sim.cluster import TOPOLOGIES, Cluster
+from gradcomp.sim.model_workload import DEFAULT_TFLOPS, model_workload
+from gradcomp.sim.profile import DEFAULT_SIZES, Profile
+from gradcomp.sim.timeline import CostModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +168,3 @@ def main(argv=None) -> int:
     f.write(heuristic.plan.to_json())
   print(f"\nheuristic plan ({heuristic.groups} groups) written to {args.out}")
   return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

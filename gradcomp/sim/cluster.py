@@ -2,7 +2,7 @@
 
 Paper 000 §4.3, eq. 7 needs ``Comm(x_i)``, the time to exchange group ``i``'s
 payload. The payload (bytes and collectives per worker) comes from the
-compressor's :class:`~gradcomp._src.profile.Profile`, so top-k's indices and
+compressor's :class:`~gradcomp.fusion.profiling.Profile`, so top-k's indices and
 QSGD's norms count; this module prices it with the alpha-beta (latency +
 bytes / bandwidth) model of each exchange pattern (paper 004 §3: ring
 all-reduce, Algorithm 2; parameter server, §2):

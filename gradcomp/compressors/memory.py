@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from gradcomp._src.base import LeafCodec
+from gradcomp.compressors.base import LeafCodec
 
 
 class ErrorFeedbackState(NamedTuple):

@@ -16,10 +16,11 @@ import math
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import checks, count_sketch, exchange, hashing, memory, sparse
-from gradcomp._src.base import LeafCodec, leafwise, stateless_init
-from gradcomp._src.selection import top_k_magnitude
-from gradcomp._src.spec import recorded
+from gradcomp.compressors import checks, exchange, memory, sparse
+from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
+from gradcomp.compressors.spec import recorded
+from gradcomp.kernels import count_sketch, hashing
+from gradcomp.kernels.selection import top_k_magnitude
 
 # Sketch floats per kept coordinate in the default sketch size; with the k
 # exact values of the second round a leaf sends (4.75 + 1) k floats, 5.75% of

@@ -12,10 +12,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import bits, checks, exchange, hashing, memory
-from gradcomp._src.base import LeafCodec, leafwise, stateless_init
-from gradcomp._src.hashing import hash_uniform
-from gradcomp._src.spec import recorded
+from gradcomp.compressors import checks, exchange, memory
+from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
+from gradcomp.compressors.spec import recorded
+from gradcomp.kernels import bits, hashing
+from gradcomp.kernels.hashing import hash_uniform
 
 
 @recorded

@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import checks, exchange, sparse
-from gradcomp._src.base import LeafCodec, leafwise
-from gradcomp._src.memory import all_finite
-from gradcomp._src.selection import threshold_top_k
-from gradcomp._src.spec import recorded
+from gradcomp.compressors import checks, exchange, sparse
+from gradcomp.compressors.base import LeafCodec, leafwise
+from gradcomp.compressors.memory import all_finite
+from gradcomp.compressors.spec import recorded
+from gradcomp.kernels.selection import threshold_top_k
 
 MIN_SAMPLE = 1024
 

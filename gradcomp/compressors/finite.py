@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import exchange
-from gradcomp._src.memory import all_finite
+from gradcomp.compressors import exchange
+from gradcomp.compressors.memory import all_finite
 
 
 def apply_if_finite(

@@ -12,7 +12,7 @@ terms are then read off it. The model's choices:
 * **Compression shares the compute stream** (as on one GPU, and as on a CPU
   whose cores do both): when the last leaf of a group is ready, the group is
   compressed *and* decompressed there, ``Comp(x_i)`` from a measured
-  :class:`~gradcomp._src.profile.Profile`, delaying the backward of the
+  :class:`~gradcomp.sim.profile.Profile`, delaying the backward of the
   following leaves. Eq. 7 likewise never hides ``Comp``.
 * **One exchange at a time on the link**, in group order: group ``i``'s
   exchange starts when it is compressed and the link is free, and takes
@@ -41,9 +41,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gradcomp._src.cluster import Cluster
-from gradcomp._src.fusion_plan import Plan
-from gradcomp._src.profile import Profile
+from gradcomp.sim.cluster import Cluster
+from gradcomp.sim.profile import Profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,10 +199,10 @@ class CostModel:
     return (compressed + comm_after).max(axis=1) + self.workload.update_seconds
 
   def timeline(self, plan_or_boundaries) -> Timeline:
-    """The detailed timeline of one partition (a :class:`Plan` or boundaries)."""
+    """The detailed timeline of one partition (a :class:`~gradcomp.fusion.plan.Plan` or boundaries)."""
     boundaries = (
       plan_or_boundaries.boundaries
-      if isinstance(plan_or_boundaries, Plan)
+      if hasattr(plan_or_boundaries, "boundaries")
       else tuple(plan_or_boundaries)
     )
     starts, ends = (a[0] for a in self._bounds(boundaries))

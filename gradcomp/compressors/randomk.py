@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp._src import checks, exchange, hashing, memory, sparse
-from gradcomp._src.base import LeafCodec, leafwise, stateless_init
-from gradcomp._src.spec import recorded
+from gradcomp.compressors import checks, exchange, memory, sparse
+from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
+from gradcomp.compressors.spec import recorded
+from gradcomp.kernels import hashing
 
 
 def shared_indices(key: jax.Array, size: int, k: int) -> jax.Array:

@@ -1,0 +1,5 @@
+"""Fast primitives the codecs share: selection, count sketch, hashing, bit packing.
+
+The lowest layer: imports nothing else from gradcomp (checked by the import
+contracts in ``pyproject.toml``).
+"""

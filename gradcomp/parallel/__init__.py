@@ -1,0 +1,7 @@
+"""Running one per-worker program over a worker axis, and reading its collectives.
+
+``workers`` adds and drops the leading worker axis and wraps an update in
+``shard_map``; ``wire`` reads the bytes of every collective from a compiled
+program (DESIGN §4); ``traced`` counts them from a traced one. May import
+``gradcomp.kernels`` only.
+"""
