@@ -2,10 +2,11 @@
 
 Paper 000 §4.3, eq. 7 needs ``Comm(x_i)``, the time to exchange group ``i``'s
 payload. The payload (bytes and collectives per worker) comes from the
-compressor's :class:`~gradcomp.fusion.profiling.Profile`, so top-k's indices and
+compressor's :class:`~gradcomp.sim.profile.Profile`, so top-k's indices and
 QSGD's norms count; this module prices it with the alpha-beta (latency +
-bytes / bandwidth) model of each exchange pattern (paper 004 §3: ring
-all-reduce, Algorithm 2; parameter server, §2):
+bytes / bandwidth) model of each exchange pattern (paper 004 §2.4: ring
+all-reduce, after Patarasuk & Yuan 2009, not the survey's Algorithm 2, which
+indexes wrongly; parameter server, §2.1):
 
 * ring all-reduce of ``B`` bytes on ``n`` workers: ``2 (n-1)`` steps, each a
   message of ``B / n``: ``2 (n-1) alpha + 2 (n-1) / n * B / bw``;

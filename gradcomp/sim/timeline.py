@@ -2,7 +2,7 @@
 
 Paper 000 §4.3, eq. 7: ``F(X_y) = sum Comp(x_i) + sum Comm(x_i) + beta - sum
 p(x_i)``, with ``beta`` the backward time and ``p(x_i)`` the part of group
-``i``'s exchange hidden behind backprop (WFBP, paper 004 §3). Rather than
+``i``'s exchange hidden behind backprop (WFBP, paper 004 §2.5). Rather than
 estimate ``p`` separately, the simulator plays the timeline out; eq. 7's
 terms are then read off it. The model's choices:
 
