@@ -2,14 +2,30 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The exact versions the tests passed with; `make CONSTRAINTS= test` installs
+# the newest versions pyproject.toml allows instead (e.g. to try another JAX).
+CONSTRAINTS ?= constraints.txt
+# Two pytest workers: XLA compiles on one thread, so two nearly halve the suite.
+PYTEST_WORKERS ?= 2
 
-.PHONY: run demo test bench clean
+.PHONY: run demo test lock bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	touch $(STAMP)
+
+# Regenerates constraints.txt: the newest versions pyproject.toml allows,
+# resolved in a fresh environment. Run `make test` after it and commit both.
+lock:
+	rm -rf .lock-venv
+	python3 -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet --upgrade pip
+	.lock-venv/bin/pip install --quiet -e '.[dev]'
+	{ echo "# Exact versions the test suite passed with. Regenerate: make lock"; \
+	  .lock-venv/bin/pip freeze --exclude-editable; } > constraints.txt
+	rm -rf .lock-venv
 
 WORKDIR ?= workdirs/default
 
@@ -23,7 +39,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff format --check gradcomp tests train configs
 	$(PY) -m ruff check gradcomp tests train configs
-	$(PY) -m pytest -q tests
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) tests
 
 # Benchmarks use jemalloc when the system has it (apt-get install libjemalloc2):
 # glibc returns every 100 MB buffer to the OS, and re-faulting its pages costs
@@ -37,4 +54,4 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(PY) -m gradcomp.bench sketch
 
 clean:
-	rm -rf $(VENV) bench_out workdirs .pytest_cache
+	rm -rf $(VENV) .lock-venv bench_out workdirs .pytest_cache
