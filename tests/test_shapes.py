@@ -1,11 +1,23 @@
-"""Tests of the model shape sets against independent closed-form parameter counts."""
+"""The models (``gradcomp.models.zoo``) and what ``shapes`` derives from them.
 
+Parameter counts and MACs are checked against closed-form arithmetic written out
+here from the papers, independently of the models; the derived shapes against the
+training program's variables, the derived order against
+``gradcomp.fusion.gradient_order`` on the training loss.
+"""
+
+import importlib
 import math
 
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from gradcomp.models import shapes
+from gradcomp.fusion.gradient_order import gradient_order
+from gradcomp.models import shapes, zoo
+from train import step as step_lib
 
 
 def _count(shape_list):
@@ -206,3 +218,190 @@ def test_forward_flops_unknown_model():
 def test_input_geometry_constants():
   assert shapes.IMAGENET_INPUT_SIZE == 224
   assert shapes.CIFAR_INPUT_SIZE == 32
+
+
+def test_unknown_arguments_and_lstm_defaults_share_the_cache():
+  with pytest.raises(TypeError, match="seq_len"):
+    shapes.forward_flops("resnet20", seq_len=3)
+  default = shapes.forward_flops("lstm_ptb")
+  assert shapes.forward_flops("lstm_ptb", vocab=10_000, seq_len=35) == default
+  assert len(shapes.lstm_ptb_shapes()) == len(default)
+
+
+# -- one definition: the training program's models ---------------------------------
+
+# (shapes key, the paper config training it, classes, one sample, shapes kwargs)
+TRAINED = [
+  ("resnet20", "resnet20_cifar10", 10, ((32, 32, 3), jnp.float32), {}),
+  ("vgg16", "vgg16_cifar10", 10, ((32, 32, 3), jnp.float32), {}),
+  ("resnet50", "resnet50_imagenet", 1000, ((224, 224, 3), jnp.float32), {}),
+  ("lstm_ptb", "lstm_ptb", 10_000, ((35,), jnp.int32), {}),
+]
+
+
+def _trained_model(config_name, num_classes):
+  """The module ``train.py`` builds for a paper config (``train_and_evaluate``)."""
+  config = importlib.import_module(f"configs.{config_name}").get_config()
+  model_cfg = dict(config.model)
+  return zoo.create(model_cfg.pop("name"), num_classes, **model_cfg)
+
+
+@pytest.mark.parametrize("key, config_name, classes, sample, kwargs", TRAINED)
+def test_training_model_has_the_benchmarks_leaves(
+  key, config_name, classes, sample, kwargs
+):
+  model = _trained_model(config_name, classes)
+  x = jax.ShapeDtypeStruct((2, *sample[0]), sample[1])
+  variables = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)
+  trained = [
+    ("/".join(k.key for k in path), leaf.shape)
+    for path, leaf in jax.tree.leaves_with_path(variables["params"])
+  ]
+  s = shapes.MODELS[key](**kwargs)
+  assert sorted(s) == trained  # Same leaves; the tree is in sorted-name order.
+  # make_tree's flat {name: array} has the training tree's leaf order.
+  tree = shapes.make_tree(s, dtype=jnp.bfloat16)
+  assert [x.shape for x in jax.tree.leaves(tree)] == [shape for _, shape in trained]
+
+
+@pytest.mark.parametrize("key, config_name, classes, sample, kwargs", TRAINED)
+def test_forward_order_is_the_training_gradient_order_reversed(
+  key, config_name, classes, sample, kwargs
+):
+  model = _trained_model(config_name, classes)
+  x = jax.ShapeDtypeStruct((2, *sample[0]), sample[1])
+  variables = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)
+  params = variables.pop("params")
+  y = jax.ShapeDtypeStruct(
+    (2, *sample[0][:1]) if key == "lstm_ptb" else (2,), jnp.int32
+  )
+
+  def loss(p, state, x, y):  # The training program's loss, state as an argument.
+    return step_lib.loss_fn(model, p, state, x, y, train=False)[0]
+
+  ready = gradient_order(loss, params, variables, x, y)
+  names = [
+    "/".join(k.key for k in path) for path, _ in jax.tree.leaves_with_path(params)
+  ]
+  forward = [name for name, _ in shapes.MODELS[key](**kwargs)]
+  assert [names[i] for i in ready] == forward[::-1]
+
+
+# -- the derivation on small modules -----------------------------------------------
+
+
+class _Small(nn.Module):
+  """Conv (bias) + BN, a scanned dense, a head; ``unused`` is never read."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    self.param("unused", nn.initializers.zeros, (3,))
+    x = nn.Conv(4, (3, 3), strides=2, padding=1, name="conv")(x)  # 8x8 -> 4x4
+    x = nn.BatchNorm(use_running_average=not train, name="bn")(x)
+    x = x.reshape(x.shape[0], 4, 16)  # 4 steps of 16 features
+    w = self.param("w", nn.initializers.ones, (16, 16))
+
+    def step(h, x_t):
+      h = jnp.tanh(x_t @ w + h)
+      return h, h
+
+    _, hs = jax.lax.scan(step, jnp.zeros_like(x[:, 0]), jnp.swapaxes(x, 0, 1))
+    return nn.Dense(3, name="head")(hs[-1])
+
+
+def test_derive_orders_and_attributes_flops():
+  tensors = shapes.derive(_Small(), jax.ShapeDtypeStruct((1, 8, 8, 2), jnp.float32))
+  assert [t.name for t in tensors] == [
+    "conv/kernel",
+    "conv/bias",
+    "bn/scale",
+    "bn/bias",
+    "w",
+    "head/kernel",
+    "head/bias",
+    "unused",  # Never used: last, no FLOPs.
+  ]
+  flops = {t.name: t.flops for t in tensors}
+  assert flops["conv/kernel"] == 2 * 9 * 2 * 4 * 4 * 4
+  assert flops["conv/bias"] == flops["bn/scale"] == flops["bn/bias"] == 4 * 4 * 4
+  assert flops["w"] == 4 * 2 * 16 * 16  # A matmul per step of the scan.
+  assert (flops["head/kernel"], flops["head/bias"], flops["unused"]) == (
+    2 * 16 * 3,
+    3,
+    0,
+  )
+  assert dict((t.name, t.shape) for t in tensors)["conv/kernel"] == (3, 3, 2, 4)
+
+
+def test_derive_rejects_data_dependent_control_flow():
+  class Branchy(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      w = self.param("w", nn.initializers.ones, (2,))
+      return jax.lax.cond(x.sum() > 0, lambda: x * w, lambda: x)
+
+  with pytest.raises(ValueError, match="cond"):
+    shapes.derive(Branchy(), jnp.ones((1, 2)))
+
+
+# -- the zoo's forward passes ------------------------------------------------------
+
+
+def test_resnet20_shortcut_is_option_a():
+  """With zero conv kernels a stride-2 block is relu of the subsampled, padded input."""
+  block = zoo._BasicBlock(32, 2)
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 8, 8, 16))
+  variables = block.init(jax.random.PRNGKey(0), x, False)
+  assert "downsample" not in variables["params"] and len(variables["params"]) == 4
+  params = jax.tree.map(jnp.zeros_like, variables["params"])
+  params["bn2"]["scale"] = jnp.ones(32)
+  out = block.apply({**variables, "params": params}, x, False)
+  expected = np.pad(np.asarray(x)[:, ::2, ::2, :], ((0, 0), (0, 0), (0, 0), (8, 8)))
+  np.testing.assert_allclose(out, np.maximum(expected, 0), atol=1e-6)
+
+
+def test_lstm_matches_pytorch_equations():
+  """Gates i, f, g, o of ``x @ W_ih + b_ih + h @ W_hh + b_hh``, zero initial state."""
+  model = zoo.create("lstm", 7, hidden=3, embed=5, layers=1)
+  x = jnp.array([[1, 4, 6, 0]], jnp.int32)
+  variables = model.init(jax.random.PRNGKey(0), x)
+  p = jax.tree.map(np.asarray, variables["params"])
+  scale = max(float(np.abs(v).max()) for v in jax.tree.leaves(p))
+  assert scale <= 0.05  # Zaremba et al.'s uniform [-0.05, 0.05]
+
+  def sigmoid(z):
+    return 1 / (1 + np.exp(-z))
+
+  cell = p["lstm0"]
+  h, c, hs = np.zeros(3), np.zeros(3), []
+  for token in np.asarray(x[0]):
+    z = p["embedding"][token] @ cell["kernel_ih"] + cell["bias_ih"]
+    z = z + h @ cell["kernel_hh"] + cell["bias_hh"]
+    i, f, g, o = np.split(z, 4)
+    c = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+    h = sigmoid(o) * np.tanh(c)
+    hs.append(h)
+  expected = np.stack(hs) @ p["decoder"]["kernel"] + p["decoder"]["bias"]
+  np.testing.assert_allclose(
+    model.apply(variables, x)[0], expected, rtol=1e-5, atol=1e-6
+  )
+
+
+def test_derive_ties_reverse_to_gradient_order():
+  class Tied(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      a = self.param("a", nn.initializers.ones, (2,))
+      b = self.param("b", nn.initializers.ones, (2,))
+      c = self.param("c", nn.initializers.ones, (2,))
+      return (x * c) * (b + a)  # c first; a and b first used together.
+
+  x = jnp.ones((1, 2))
+  tensors = shapes.derive(Tied(), x)
+  assert [t.name for t in tensors] == ["c", "b", "a"]
+  params = {"a": x[0], "b": x[0], "c": x[0]}
+  ready = gradient_order(
+    lambda p, x: jnp.sum(Tied().apply({"params": p}, x)), params, x
+  )
+  assert [t.name for t in tensors][::-1] == [sorted(params)[i] for i in ready]
+  assert [t.flops for t in tensors] == [2, 1, 1]  # the (b + a) product split in two

@@ -21,10 +21,10 @@ plan (``layerwise``, ``single``, ``auto``):
   profiled with all devices compressing at once (minus the launch), and the
   compute time taken from the measured dense step: the ``none`` / ``single``
   step minus its predicted launch, compression and exchange is forward +
-  backward (1 : 2), split over the leaves by their forward FLOPs (read from
-  the flax model's layer outputs with the conventions of
-  ``shapes.forward_flops``). That one step is the calibration point, so its
-  prediction equals its measurement by construction (marked in the table).
+  backward (1 : 2), split over the leaves by their forward FLOPs
+  (``shapes.derive`` of the flax model, as ``shapes.forward_flops``). That
+  one step is the calibration point, so its prediction equals its
+  measurement by construction (marked in the table).
 * ``auto`` is the §4.3 heuristic's plan under that calibrated model (what
   ``layerfusion`` would choose for this machine), not the training program's
   ``plan="auto"``, which plans for a nominal 20 Gbps cluster. When it equals
@@ -37,7 +37,7 @@ device), plans ``layerwise`` and ``auto``, 5 repeats, and
 calibrates), ``fp16``, ``topk``, ``signsgd``, ``powersgd``, ``sketch_topk``.
 Compiling dominates: 4-60 s per step program on 2 cores, slowest for the
 layer-wise plans of ``sketch_topk``, ``randomk`` and ``dgc`` (a compressor per
-leaf, 65 leaves), plus profiling each compressor at 9 sizes on 8 devices and
+leaf, 59 leaves), plus profiling each compressor at 9 sizes on 8 devices and
 the collective calibration (~20 s). On the 2-core CPU shared with other jobs
 the default took 6-6.5 min (5.4 min of CPU); ``--full`` (all twelve
 compressors) took 16 min there (9 min of CPU) and would sit near 10 minutes on
@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -69,6 +68,7 @@ from configs import resnet20_cifar10
 from gradcomp.bench import fusion
 from gradcomp.bench.output import write_json
 from gradcomp.fusion.profiling import backend_name, steady_state_seconds
+from gradcomp.models import shapes
 from gradcomp.models import zoo as models
 from gradcomp.parallel.wire import collective_bytes
 from train import data as data_lib
@@ -101,32 +101,13 @@ class Setup:
 def leaf_flops(model, input_shape: Sequence[int]) -> list[float]:
   """Forward FLOPs per sample attributed to each param leaf of ``model`` (tree order).
 
-  ``shapes.forward_flops``' conventions, read off the module output shapes of
-  an abstract forward pass: a kernel costs 2 FLOPs per weight per output
-  position, a bias or scale one per output value of its module. (The flax
-  ResNet-20 has projection shortcuts, 65 leaves; ``shapes.resnet20_shapes``
-  has identity ones, 59.)
+  ``shapes.derive``'s, read from the jaxpr of the model's forward pass (the
+  numbers of ``shapes.forward_flops``), put in the tree's order: flax sorts
+  parameter names at every level.
   """
-  variables = jax.eval_shape(
-    lambda: model.init(
-      jax.random.PRNGKey(0),
-      jnp.zeros((1, *input_shape)),
-      capture_intermediates=True,
-      mutable=True,
-    )
-  )
-  outputs = variables["intermediates"]
-
-  def flops(path, leaf):
-    node = outputs
-    for key in path[:-1]:
-      node = node[key.key]
-    out = node["__call__"][0]
-    if path[-1].key == "kernel":
-      return 2.0 * math.prod(leaf.shape) * math.prod(out.shape[1:-1])
-    return float(math.prod(out.shape[1:]))
-
-  return [flops(p, v) for p, v in jax.tree.leaves_with_path(variables["params"])]
+  sample = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
+  tensors = shapes.derive(model, sample)
+  return [t.flops for t in sorted(tensors, key=lambda t: t.name.split("/"))]
 
 
 @functools.lru_cache(maxsize=2)

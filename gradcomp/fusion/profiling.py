@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from gradcomp.compressors import registry
 from gradcomp.compressors import spec as spec_lib
+from gradcomp.fusion.fused import fused
 from gradcomp.fusion.plan import Plan
 from gradcomp.parallel.traced import traced_wire
 from gradcomp.parallel.workers import add_worker_axis, sharded_update
@@ -146,13 +147,13 @@ def profile(
   label_of(tx)  # raises for a transformation gradcomp did not build
   spec = spec_lib.spec_of(tx)
   local = spec.build(axis_name=None)
-  seconds, fused = [], []
+  seconds, fused_seconds = [], []
   for size in sizes:
     leaf = jnp.zeros((size,), jnp.float32) + jnp.linspace(-1.0, 1.0, size)
     seconds.append(_time_update(local, [leaf], devices, repeats))
     pieces = [leaf[:n] * (i + 1) for i, n in enumerate(_pieces(size, FUSED_PIECES))]
     single = fused(local, Plan.single(range(len(pieces))))
-    fused.append(_time_update(single, pieces, devices, repeats))
+    fused_seconds.append(_time_update(single, pieces, devices, repeats))
   wire_bytes = {k: [] for k in KINDS}
   wire_messages = {k: [] for k in KINDS}
   for size in sizes:
@@ -168,7 +169,7 @@ def profile(
     devices=devices,
     sizes=sizes,
     seconds=tuple(seconds),
-    fused_seconds=tuple(fused),
+    fused_seconds=tuple(fused_seconds),
     wire_bytes={k: tuple(wire_bytes[k]) for k in used},
     wire_messages={k: tuple(wire_messages[k]) for k in used},
   )

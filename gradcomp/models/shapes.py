@@ -1,42 +1,54 @@
-"""Parameter shape sets of the models used in the papers' experiments.
+"""Parameter shapes, forward order and forward FLOPs, derived from the flax models.
 
-Each ``*_shapes()`` function builds the ordered list of ``(name, shape)`` pairs of a
-model's trainable parameters by walking its architecture (stages, blocks, layers),
-so the list is derived, not pasted. The benchmarks use these lists to build
-gradient-shaped pytrees without defining or running the models themselves.
+The papers' models (paper 000 §5, Table 3: ResNet-20 and VGG-16 on CIFAR-10,
+ResNet-50 on ImageNet, a 2-layer LSTM on PTB) are defined once, in flax, in
+:mod:`gradcomp.models.zoo`; the training program trains those modules. The
+benchmarks and the cost model need only the gradients' shapes and the compute
+behind each, so this module reads them off the same modules, without running
+them:
 
-Conventions:
+* **Shapes** from ``jax.eval_shape(model.init, ...)``: the ``params``
+  collection only, so BatchNorm contributes its scale and bias, never its
+  running mean / variance (those are not gradients). Names are the flax
+  parameter paths joined by ``"/"`` (``"layer2/0/conv1/kernel"``); JAX / flax
+  layouts: conv kernels HWIO ``(kh, kw, in, out)``, dense kernels
+  ``(in, out)``, the embedding ``(vocab, features)``.
+* **Order is forward order**: the order of first use of each parameter in the
+  jaxpr of ``model.apply`` on one abstract sample (casts, reshapes and
+  broadcasts are followed to the op that consumes their result). The
+  gradient-ready order LayerFusion groups leaves in is its reverse (paper 000
+  §4.1, Algorithm 2; §4.3), the order ``gradcomp.fusion.gradient_order`` reads
+  from the training program's loss the same way.
+* **Forward FLOPs per tensor and sample** (:func:`forward_flops`), from the
+  same jaxpr: each tensor is attributed the FLOPs of the ops that combine it
+  (or a value computed from parameters only, such as BatchNorm's
+  ``scale * rsqrt(var + eps)``) with the sample's activations, so a cost model
+  can split a backward time across tensors in proportion to their compute.
 
-* **Order is forward order** (the order of first use in the forward pass, which is
-  also torchvision's ``named_parameters()`` order). It is *not* the gradient-ready
-  order LayerFusion needs (roughly its reverse; see ``DESIGN.md`` §2); consumers
-  that care must reverse or derive the order themselves.
-* **JAX / flax layouts**: conv kernels are HWIO ``(kh, kw, in, out)``, dense kernels
-  ``(in, out)``, an embedding ``(vocab, features)``.
-* **Trainable parameters only**: BatchNorm contributes its scale and bias, never its
-  running mean / variance (those are not gradients).
-* **Forward FLOPs per tensor**: :func:`forward_flops` attributes each tensor the
-  forward FLOPs per sample of the op that uses it, from the same walk (with the
-  spatial sizes of the real architectures), so a cost model can split a backward time
-  across tensors in proportion to their compute.
-
-The models are the ones of paper 000 §5 (Table 3): ResNet-20 and VGG-16 on CIFAR-10,
-ResNet-50 on ImageNet, a 2-layer LSTM on PTB.
+Derivations are cached: tracing ResNet-50 takes seconds. Nothing is compiled
+or run. Imports nothing from gradcomp outside ``gradcomp.models``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import typing
 from collections.abc import Sequence
 
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as jex_core
+
+from gradcomp.models import zoo
 
 Shape = tuple[int, ...]
 ShapeList = list[tuple[str, Shape]]
 
 #: Parameter counts, each checked in ``tests/test_shapes.py`` against closed-form
-#: arithmetic written out independently of the builders below.
+#: arithmetic written out independently of the models.
 RESNET50_NUM_PARAMS = 25_557_032  # torchvision resnet50, 161 tensors
 RESNET20_NUM_PARAMS = 269_722  # ~0.27M, He et al. 2016 §4.2 quote "0.27M"
 VGG16_NUM_PARAMS = 14_728_266  # CIFAR VGG-16 with conv bias + BN, Linear(512, 10)
@@ -49,73 +61,243 @@ IMAGENET_INPUT_SIZE = 224
 CIFAR_INPUT_SIZE = 32
 PTB_SEQ_LEN = 35
 
-# (name, shape, forward FLOPs per sample): what the builders below produce; the public
-# ``*_shapes()`` drop the FLOPs, :func:`forward_flops` keeps only them.
-Entry = tuple[str, Shape, int]
+
+class Tensor(typing.NamedTuple):
+  """One parameter tensor of a model: flax path, shape, forward FLOPs per sample."""
+
+  name: str
+  shape: Shape
+  flops: float
 
 
-def _out(hw: int, k: int, stride: int = 1) -> int:
-  """Output size of a k x k window with "same" padding ``k // 2`` and ``stride``."""
-  return (hw + 2 * (k // 2) - k) // stride + 1
+# Primitives that only re-type or re-lay out one operand: a parameter passed
+# through them is not yet *used* (the same set as gradcomp.fusion's
+# gradient_order, which models/ may not import).
+_PASS_THROUGH = frozenset(
+  {
+    "convert_element_type",
+    "reshape",
+    "squeeze",
+    "expand_dims",
+    "transpose",
+    "broadcast_in_dim",
+    "copy",
+    "copy_p",
+    "device_put",
+    "pvary",
+    "pcast",
+    "reduce_precision",
+    "optimization_barrier",
+  }
+)
+
+# A var's tag: None for a value computed from the sample (an activation), else
+# the parameter leaves it is computed from (empty for constants and running
+# statistics).
+_Tag = frozenset[int] | None
+_CONSTANT: frozenset[int] = frozenset()
 
 
-def _conv(name: str, k: int, cin: int, cout: int, hw: int) -> Entry:
-  """Conv kernel producing an ``hw x hw`` output: one multiply-add per weight and pixel."""
-  return (f"{name}/kernel", (k, k, cin, cout), 2 * k * k * cin * cout * hw * hw)
+def _op_flops(eqn) -> int:
+  """FLOPs of one equation: 2 per multiply-add of a conv / matmul, else 1 per output."""
+  out = math.prod(eqn.outvars[0].aval.shape)
+  name = eqn.primitive.name
+  if name == "conv_general_dilated":
+    rhs = eqn.invars[1].aval.shape
+    out_features = rhs[eqn.params["dimension_numbers"].rhs_spec[0]]
+    return 2 * out * (math.prod(rhs) // out_features)
+  if name == "dot_general":
+    (contracting, _), _ = eqn.params["dimension_numbers"]
+    lhs = eqn.invars[0].aval.shape
+    return 2 * out * math.prod(lhs[d] for d in contracting)
+  return out
 
 
-def _bias(name: str, c: int, hw: int) -> Entry:
-  return (f"{name}/bias", (c,), c * hw * hw)
+def _open(jaxpr):
+  return jaxpr.jaxpr if isinstance(jaxpr, jex_core.ClosedJaxpr) else jaxpr
 
 
-def _bn(name: str, c: int, hw: int) -> list[Entry]:
-  return [(f"{name}/scale", (c,), c * hw * hw), _bias(name, c, hw)]
+class _Walk:
+  """Walks a jaxpr in program order: first use and FLOPs of each parameter leaf."""
 
+  def __init__(self):
+    self.position = 0
+    self.first: dict[int, int] = {}
+    self.flops: dict[int, float] = {}
 
-def _dense(name: str, din: int, dout: int, rows: int = 1) -> list[Entry]:
-  """Dense layer applied to ``rows`` vectors per sample (the tokens of a sequence)."""
-  return [
-    (f"{name}/kernel", (din, dout), 2 * din * dout * rows),
-    (f"{name}/bias", (dout,), dout * rows),
-  ]
+  def tag(self, tags: dict, var) -> _Tag:
+    if isinstance(var, jex_core.Literal):
+      return _CONSTANT
+    return tags.get(var, _CONSTANT)
 
-
-def _pairs(entries: list[Entry]) -> ShapeList:
-  return [(name, shape) for name, shape, _ in entries]
-
-
-def _resnet50() -> list[Entry]:
-  hw = _out(IMAGENET_INPUT_SIZE, 7, 2)  # 7x7 stride-2 stem: 112
-  entries = [_conv("conv1", 7, 3, 64, hw), *_bn("bn1", 64, hw)]
-  hw = _out(hw, 3, 2)  # 3x3 stride-2 max-pool: 56
-  cin = 64
-  for stage, (blocks, width) in enumerate(
-    zip((3, 4, 6, 3), (64, 128, 256, 512), strict=True), 1
-  ):
-    cout = 4 * width
-    for b in range(blocks):
-      p = f"layer{stage}/{b}"
-      # v1.5: the stride sits on the 3x3 conv2 (and the shortcut), so conv1 still
-      # runs at the input resolution.
-      hw_out = _out(hw, 3, 2 if b == 0 and stage > 1 else 1)
-      entries += [_conv(f"{p}/conv1", 1, cin, width, hw), *_bn(f"{p}/bn1", width, hw)]
-      entries += [
-        _conv(f"{p}/conv2", 3, width, width, hw_out),
-        *_bn(f"{p}/bn2", width, hw_out),
+  def walk(self, jaxpr, tags: dict, times: int) -> list[_Tag]:
+    """Visits ``jaxpr`` (run ``times`` times per sample); returns its outputs' tags."""
+    tags = dict(tags)
+    for eqn in jaxpr.eqns:
+      self.position += 1
+      inputs = [self.tag(tags, v) for v in eqn.invars]
+      name = eqn.primitive.name
+      if name in _PASS_THROUGH and len(eqn.invars) == len(eqn.outvars):
+        tags.update(zip(eqn.outvars, inputs, strict=True))
+        continue
+      if name in ("cond", "while"):
+        raise ValueError(f"no FLOPs convention for {name!r} (data-dependent control)")
+      subs = [
+        _open(v)
+        for v in eqn.params.values()
+        if isinstance(v, jex_core.ClosedJaxpr | jex_core.Jaxpr)
       ]
-      entries += [
-        _conv(f"{p}/conv3", 1, width, cout, hw_out),
-        *_bn(f"{p}/bn3", cout, hw_out),
-      ]
-      if b == 0:  # projection shortcut: channel count (and stride) change
-        entries += [_conv(f"{p}/downsample/conv", 1, cin, cout, hw_out)]
-        entries += _bn(f"{p}/downsample/bn", cout, hw_out)
-      cin, hw = cout, hw_out
-  return entries + _dense("fc", cin, 1000)  # on the globally pooled 1x1x2048
+      if name == "scan":  # consts, then carry (recurrent state: data), then xs.
+        (sub,) = subs
+        consts, carry = eqn.params["num_consts"], eqn.params["num_carry"]
+        sub_inputs = [
+          None if consts <= i < consts + carry else t for i, t in enumerate(inputs)
+        ]
+        self.walk(
+          sub,
+          dict(zip(sub.invars, sub_inputs, strict=True)),
+          times * eqn.params["length"],
+        )
+        outputs = [None] * len(eqn.outvars)
+      elif len(subs) == 1 and len(subs[0].invars) == len(eqn.invars):
+        # jit, custom_jvp / custom_vjp calls, remat, closed_call: run once here.
+        (sub,) = subs
+        outputs = self.walk(sub, dict(zip(sub.invars, inputs, strict=True)), times)
+        if len(outputs) != len(eqn.outvars):
+          outputs = [None] * len(eqn.outvars)
+      else:
+        outputs = self.op(eqn, inputs, times)
+      tags.update(zip(eqn.outvars, outputs, strict=True))
+    return [self.tag(tags, v) for v in jaxpr.outvars]
+
+  def op(self, eqn, inputs: list[_Tag], times: int) -> list[_Tag]:
+    """A primitive: uses its parameter operands, costs FLOPs if it meets the data."""
+    leaves = frozenset().union(*(t for t in inputs if t is not None))
+    for leaf in sorted(leaves):
+      self.first.setdefault(leaf, self.position)
+    if not any(t is None for t in inputs):
+      return [leaves] * len(eqn.outvars)  # Parameters (or constants) only.
+    if leaves:
+      share = times * _op_flops(eqn) / len(leaves)
+      for leaf in leaves:
+        self.flops[leaf] = self.flops.get(leaf, 0.0) + share
+    return [None] * len(eqn.outvars)
+
+
+def derive(module: nn.Module, sample) -> tuple[Tensor, ...]:
+  """The parameter tensors of ``module`` in forward order, with their FLOPs per sample.
+
+  Traces ``module.init`` and ``module.apply(variables, sample)`` abstractly
+  (``jax.eval_shape``, ``jax.make_jaxpr``; nothing is compiled or run) and
+  walks the forward jaxpr in program order, recursing into ``jit``,
+  ``custom_jvp`` / ``custom_vjp`` calls and ``scan`` bodies. A value is
+  *data* if it is computed from the sample, else it carries the parameters it
+  is computed from (none for constants and running statistics); casts,
+  reshapes and broadcasts pass the parameters on without using them.
+
+  * Order: by the first equation that uses each parameter (or a value computed
+    from it); leaves first used by the same equation in reverse tree order.
+    Reversed, this is the order in which backprop produces the gradients
+    (paper 000 §4.1, §4.3), as ``gradcomp.fusion.gradient_order`` finds it.
+  * FLOPs: an equation whose operands include data and parameter-carrying
+    values costs ``conv_general_dilated``: ``2 * kh * kw * cin * cout * Hout *
+    Wout``; ``dot_general``: ``2 *`` (output size) ``*`` (contracted size);
+    any other primitive (the add of a bias, the multiply by a BatchNorm scale,
+    the gather of an embedding): its output size. That cost goes to the
+    parameters it carries (split evenly if several), times the length of each
+    enclosing ``scan``. Equations on parameters only (BatchNorm's ``scale *
+    rsqrt(var + eps)``) and on data only (activations, pooling, residual adds,
+    gate nonlinearities) are attributed to no tensor.
+
+  Args:
+    module: a flax module whose ``apply(variables, x)`` is its forward pass in
+      evaluation mode (BatchNorm with its running statistics).
+    sample: one sample with a leading batch dimension of 1 (an array or a
+      ``jax.ShapeDtypeStruct``), so FLOPs are per sample.
+
+  Returns:
+    One :class:`Tensor` per leaf of the ``params`` collection, names the flax
+    paths joined by ``"/"``, in forward order; leaves the forward pass never
+    uses come last, in tree order, with 0 FLOPs.
+
+  Raises:
+    ValueError: for ``cond`` / ``while`` in the forward pass (no convention).
+  """
+  sample = jax.ShapeDtypeStruct(sample.shape, sample.dtype)
+  variables = jax.eval_shape(module.init, jax.random.PRNGKey(0), sample)
+  params = variables["params"]
+  state = {k: v for k, v in variables.items() if k != "params"}
+  paths = jax.tree.leaves_with_path(params)
+  closed = jax.make_jaxpr(lambda p, s, x: module.apply({"params": p, **s}, x))(
+    params, state, sample
+  )
+  jaxpr = closed.jaxpr
+  n_params, n_state = len(paths), len(jax.tree.leaves(state))
+  tags = {var: frozenset({i}) for i, var in enumerate(jaxpr.invars[:n_params])}
+  tags.update({var: None for var in jaxpr.invars[n_params + n_state :]})
+  walker = _Walk()
+  walker.walk(jaxpr, tags, 1)
+  # Ties (one equation first using several leaves) in reverse tree order, so that
+  # the reverse is gradient_order's, which keeps tree order among them.
+  first = walker.first
+  used = sorted(first, key=lambda i: (first[i], -i))
+  order = used + [i for i in range(n_params) if i not in first]
+  return tuple(
+    Tensor(
+      "/".join(str(k.key) for k in paths[i][0]),
+      tuple(paths[i][1].shape),
+      float(walker.flops.get(i, 0.0)),
+    )
+    for i in order
+  )
+
+
+#: ``lstm_ptb``'s arguments: Zaremba et al.'s "medium" model on PTB.
+_LSTM_DEFAULTS = {
+  "vocab": 10_000,
+  "hidden": 650,
+  "embed": 650,
+  "layers": 2,
+  "seq_len": PTB_SEQ_LEN,
+}
+
+
+def _image(size: int) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)
+
+
+@functools.lru_cache(maxsize=16)
+def _derived(model: str, kwargs: tuple[tuple[str, int], ...]) -> tuple[Tensor, ...]:
+  """:func:`derive` of a key of :data:`MODELS` with its builder's ``kwargs``."""
+  kw = dict(kwargs)
+  if model == "resnet50":
+    return derive(zoo.create("resnet50", 1000), _image(IMAGENET_INPUT_SIZE))
+  if model in ("resnet20", "vgg16"):
+    return derive(zoo.create(model, 10), _image(CIFAR_INPUT_SIZE))
+  seq_len = kw.pop("seq_len")
+  if seq_len < 1:
+    raise ValueError(f"seq_len must be positive, got {seq_len}")
+  lstm = zoo.create("lstm", kw.pop("vocab"), **kw)
+  return derive(lstm, jax.ShapeDtypeStruct((1, seq_len), jnp.int32))
+
+
+def _tensors(model: str, **kwargs) -> tuple[Tensor, ...]:
+  if model not in MODELS:
+    raise ValueError(f"unknown model {model!r}; valid models: {sorted(MODELS)}")
+  defaults = _LSTM_DEFAULTS if model == "lstm_ptb" else {}
+  unknown = set(kwargs) - set(defaults)
+  if unknown:
+    raise TypeError(f"unexpected arguments for {model!r}: {sorted(unknown)}")
+  # Defaults filled in, so that every spelling of a model shares one cache entry.
+  return _derived(model, tuple(sorted({**defaults, **kwargs}.items())))
+
+
+def _pairs(tensors: Sequence[Tensor]) -> ShapeList:
+  return [(t.name, t.shape) for t in tensors]
 
 
 def resnet50_shapes() -> ShapeList:
-  """ResNet-50 (ImageNet, 1000 classes), exactly torchvision's ``resnet50``.
+  """ResNet-50 (ImageNet, 1000 classes): ``zoo.ResNet50``, torchvision's ``resnet50``.
 
   Bottleneck blocks ``[3, 4, 6, 3]`` of widths ``64, 128, 256, 512`` with expansion 4;
   the first block of every stage has a 1x1 projection shortcut ("downsample") with its
@@ -128,28 +310,11 @@ def resnet50_shapes() -> ShapeList:
   References:
     He et al., *Deep Residual Learning for Image Recognition*, CVPR 2016, Table 1.
   """
-  return _pairs(_resnet50())
-
-
-def _resnet20() -> list[Entry]:
-  hw = CIFAR_INPUT_SIZE
-  entries = [_conv("conv1", 3, 3, 16, hw), *_bn("bn1", 16, hw)]
-  cin = 16
-  for stage, width in enumerate((16, 32, 64), 1):
-    for b in range(3):
-      p = f"layer{stage}/{b}"
-      hw = _out(hw, 3, 2 if b == 0 and stage > 1 else 1)  # 32 / 16 / 8
-      entries += [_conv(f"{p}/conv1", 3, cin, width, hw), *_bn(f"{p}/bn1", width, hw)]
-      entries += [
-        _conv(f"{p}/conv2", 3, width, width, hw),
-        *_bn(f"{p}/bn2", width, hw),
-      ]
-      cin = width
-  return entries + _dense("fc", cin, 10)  # on the globally pooled 1x1x64
+  return _pairs(_tensors("resnet50"))
 
 
 def resnet20_shapes() -> ShapeList:
-  """CIFAR-10 ResNet-20 of He et al. 2016 §4.2 (n = 3).
+  """CIFAR-10 ResNet-20 of He et al. 2016 §4.2 (n = 3): ``zoo.ResNet20``.
 
   A 3x3 stem conv to 16 channels, then 3 stages of 3 basic blocks (two 3x3 convs, each
   with BatchNorm) at 16 / 32 / 64 channels, global average pooling and
@@ -163,39 +328,17 @@ def resnet20_shapes() -> ShapeList:
   References:
     He et al., *Deep Residual Learning for Image Recognition*, CVPR 2016, §4.2.
   """
-  return _pairs(_resnet20())
-
-
-#: VGG-16 feature configuration ("D" of Simonyan & Zisserman); "M" is a 2x2 max-pool.
-VGG16_CFG: tuple[int | str, ...] = (
-    64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
-    512, 512, 512, "M", 512, 512, 512, "M",
-)  # fmt: skip
-
-
-def _vgg16() -> list[Entry]:
-  entries: list[Entry] = []
-  cin, hw = 3, CIFAR_INPUT_SIZE
-  i = 0
-  for v in VGG16_CFG:
-    if v == "M":
-      hw //= 2  # 2x2 stride-2 max-pool
-      continue
-    entries += [_conv(f"conv{i}", 3, cin, v, hw), _bias(f"conv{i}", v, hw)]
-    entries += _bn(f"bn{i}", v, hw)
-    cin = v
-    i += 1
-  return entries + _dense("classifier", cin, 10)  # on the 1x1x512 left by 5 pools
+  return _pairs(_tensors("resnet20"))
 
 
 def vgg16_shapes() -> ShapeList:
   """CIFAR-10 VGG-16 with BatchNorm, in its common single-classifier variant.
 
-  Thirteen 3x3 convolutions following :data:`VGG16_CFG`, each with a bias and
-  BatchNorm; after five max-pools a 32x32 input is 1x1x512, and the classifier is a
-  single ``Dense(512, 10)`` (the widely used CIFAR variant, e.g. kuangliu's
-  ``pytorch-cifar`` ``VGG('VGG16')``; the ImageNet model's 4096-wide fully connected
-  layers are not used).
+  ``zoo.VGG16``: thirteen 3x3 convolutions following ``zoo.VGG16_CFG``, each with
+  a bias and BatchNorm; after five max-pools a 32x32 input is 1x1x512, and the
+  classifier is a single ``Dense(512, 10)`` (the widely used CIFAR variant, e.g.
+  kuangliu's ``pytorch-cifar`` ``VGG('VGG16')``; the ImageNet model's 4096-wide
+  fully connected layers are not used).
 
   Returns:
     54 ``(name, shape)`` pairs in forward order, 14,728,266 parameters.
@@ -204,38 +347,13 @@ def vgg16_shapes() -> ShapeList:
     Simonyan & Zisserman, *Very Deep Convolutional Networks for Large-Scale Image
     Recognition*, ICLR 2015, Table 1 (configuration D).
   """
-  return _pairs(_vgg16())
-
-
-def _lstm_ptb(
-  vocab: int = 10_000,
-  hidden: int = 650,
-  embed: int = 650,
-  layers: int = 2,
-  seq_len: int = PTB_SEQ_LEN,
-) -> list[Entry]:
-  if seq_len < 1:
-    raise ValueError(f"seq_len must be positive, got {seq_len}")
-  # Every op runs once per token; the embedding is a lookup, one op per output value.
-  entries: list[Entry] = [("embedding", (vocab, embed), embed * seq_len)]
-  din = embed
-  for layer in range(layers):
-    p = f"lstm{layer}"
-    g = 4 * hidden  # the i, f, g, o gates side by side
-    entries += [
-      (f"{p}/kernel_ih", (din, g), 2 * din * g * seq_len),
-      (f"{p}/kernel_hh", (hidden, g), 2 * hidden * g * seq_len),
-      (f"{p}/bias_ih", (g,), g * seq_len),
-      (f"{p}/bias_hh", (g,), g * seq_len),
-    ]
-    din = hidden
-  return entries + _dense("decoder", din, vocab, rows=seq_len)
+  return _pairs(_tensors("vgg16"))
 
 
 def lstm_ptb_shapes(
   vocab: int = 10_000, hidden: int = 650, embed: int = 650, layers: int = 2
 ) -> ShapeList:
-  """2-layer LSTM language model on PTB, Zaremba et al.'s "medium" size.
+  """2-layer LSTM language model on PTB, Zaremba et al.'s "medium" size: ``zoo.LSTM``.
 
   Embedding ``(vocab, embed)``; per layer an input kernel ``(in, 4 * hidden)``, a
   recurrent kernel ``(hidden, 4 * hidden)`` and, as in PyTorch's ``nn.LSTM`` and
@@ -255,7 +373,9 @@ def lstm_ptb_shapes(
   References:
     Zaremba, Sutskever & Vinyals, *Recurrent Neural Network Regularization*, 2014, §4.1.
   """
-  return _pairs(_lstm_ptb(vocab, hidden, embed, layers))
+  return _pairs(
+    _tensors("lstm_ptb", vocab=vocab, hidden=hidden, embed=embed, layers=layers)
+  )
 
 
 MODELS = {
@@ -265,57 +385,50 @@ MODELS = {
   "lstm_ptb": lstm_ptb_shapes,
 }
 
-# The triple builders behind MODELS; ``_lstm_ptb`` also takes ``seq_len``.
-_ENTRIES = {
-  "resnet50": _resnet50,
-  "resnet20": _resnet20,
-  "vgg16": _vgg16,
-  "lstm_ptb": _lstm_ptb,
-}
-
 
 def forward_flops(model: str, **kwargs) -> list[float]:
   """Forward FLOPs per sample attributed to each parameter tensor of ``model``.
 
-  Derived from the same architecture walk as ``MODELS[model]``, so entry ``i`` belongs
-  to the tensor ``MODELS[model](**kwargs)[i]``. A cost model can split a measured or
-  assumed backward time across the tensors in proportion to these numbers.
+  Read from the jaxpr of the zoo model's forward pass (:func:`derive`), so entry
+  ``i`` belongs to the tensor ``MODELS[model](**kwargs)[i]``. A cost model can
+  split a measured or assumed backward time across the tensors in proportion to
+  these numbers.
 
-  Conventions (one multiply-add = 2 FLOPs; ``Hout x Wout`` is the op's output size):
+  What that derivation gives for these models (one multiply-add = 2 FLOPs;
+  ``Hout x Wout`` is the op's output size):
 
   * Conv kernel ``(kh, kw, cin, cout)``: ``2 * kh * kw * cin * cout * Hout * Wout``.
   * Conv bias, BatchNorm scale, BatchNorm bias: ``cout * Hout * Wout`` each (one op
-    per output element).
+    per output element: the bias add; the multiply by ``scale * rsqrt(var +
+    eps)``, in evaluation mode).
   * Dense kernel ``(din, dout)``: ``2 * din * dout``; dense bias: ``dout``.
   * LSTM, per sample of ``seq_len`` tokens (everything runs once per token):
     ``kernel_ih`` ``2 * din * 4h * seq_len``, ``kernel_hh`` ``2 * h * 4h * seq_len``,
-    each bias ``4h * seq_len``, embedding ``embed * seq_len`` (a lookup: one op per
+    each bias ``4h * seq_len``, embedding ``embed * seq_len`` (a gather: one op per
     output element), decoder kernel ``2 * h * vocab * seq_len``, decoder bias
     ``vocab * seq_len``.
 
-  Input geometry and spatial sizes follow the real architectures: ResNet-50 on
-  :data:`IMAGENET_INPUT_SIZE` (torchvision v1.5: 7x7 stride-2 stem to 112, max-pool to
-  56, stages at 56 / 28 / 14 / 7 with the stride on conv2 of each stage's first block
-  and on its downsample conv); ResNet-20 on :data:`CIFAR_INPUT_SIZE` (32 / 16 / 8,
-  first conv of stages 2 and 3 strided); VGG-16 on :data:`CIFAR_INPUT_SIZE` (convs at
-  32, 32 | 16, 16 | 8, 8, 8 | 4, 4, 4 | 2, 2, 2); classifiers act on the pooled 1x1
-  features. Activations, pooling, residual adds and the LSTM's gate nonlinearities and
-  elementwise products are attributed to no tensor.
+  Input geometry: ResNet-50 on :data:`IMAGENET_INPUT_SIZE` (torchvision v1.5: 7x7
+  stride-2 stem to 112, max-pool to 56, stages at 56 / 28 / 14 / 7 with the stride
+  on conv2 of each stage's first block and on its downsample conv); ResNet-20 on
+  :data:`CIFAR_INPUT_SIZE` (32 / 16 / 8, first conv of stages 2 and 3 strided);
+  VGG-16 on :data:`CIFAR_INPUT_SIZE` (convs at 32, 32 | 16, 16 | 8, 8, 8 | 4, 4, 4 |
+  2, 2, 2); classifiers act on the pooled 1x1 features. Activations, pooling,
+  residual adds (and option-A shortcuts), BatchNorm's centring and the LSTM's gate
+  nonlinearities and elementwise products are attributed to no tensor.
 
   Args:
     model: a key of :data:`MODELS`.
-    **kwargs: passed to the model's builder; ``"lstm_ptb"`` takes those of
-      :func:`lstm_ptb_shapes` plus ``seq_len`` (default :data:`PTB_SEQ_LEN`).
+    **kwargs: those of the model's ``MODELS`` function; ``"lstm_ptb"`` takes those
+      of :func:`lstm_ptb_shapes` plus ``seq_len`` (default :data:`PTB_SEQ_LEN`).
 
   Returns:
     One FLOP count per parameter tensor, in the order of ``MODELS[model](**kwargs)``.
 
   Raises:
-    ValueError: if ``model`` is not a key of :data:`MODELS`.
+    ValueError: if ``model`` is not a key of :data:`MODELS`, or ``seq_len < 1``.
   """
-  if model not in _ENTRIES:
-    raise ValueError(f"unknown model {model!r}; valid models: {sorted(_ENTRIES)}")
-  return [float(flops) for _, _, flops in _ENTRIES[model](**kwargs)]
+  return [t.flops for t in _tensors(model, **kwargs)]
 
 
 def total_size(shapes: Sequence[tuple[str, Shape]]) -> int:
@@ -332,7 +445,9 @@ def make_tree(
   """Random gradient-like tree ``{name: array}`` in the order of ``shapes``.
 
   Values are ``scale * N(0, 1)``, drawn with NumPy (much faster than JAX's threefry
-  on CPU) in float32, then converted with :func:`jax.numpy.asarray`.
+  on CPU) in float32, then converted with :func:`jax.numpy.asarray`. (``jax.tree``
+  flattens the dict in sorted-name order, which is also the flax model's tree
+  order: names hold only letters, digits and ``_`` besides the ``/``.)
 
   Args:
     shapes: ``(name, shape)`` pairs, e.g. :func:`resnet50_shapes`.

@@ -2,8 +2,10 @@
 
 ``model_workload(name)`` turns a built-in model (``gradcomp.models``) into a
 :class:`~gradcomp.sim.timeline.Workload`: its leaves in gradient-ready order
-with their sizes and a backward time split in proportion to each leaf's forward
-FLOPs, at an assumed throughput (paper 000 §5: V100s). The LayerFusion planner,
+(the reverse of the forward order ``gradcomp.models.shapes`` reads from the
+flax model the training program trains) with their sizes and a backward time
+split in proportion to each leaf's forward FLOPs, at an assumed throughput
+(paper 000 §5: V100s). The LayerFusion planner,
 its command line and the benchmarks price steps with it.
 """
 
@@ -54,6 +56,8 @@ def model_workload(
   flops = shapes.forward_flops(model)
   batch = BATCH_SIZES[model] if batch_size is None else batch_size
   names = [n for n, _ in named]
+  # Leaf index in the flax params tree, also that of shapes.make_tree's flat
+  # {name: array}: both flatten in sorted-name order.
   tree_index = {n: i for i, n in enumerate(sorted(names))}
   ready = list(reversed(range(len(named))))
   backward_s = (
