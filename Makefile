@@ -40,7 +40,7 @@ test: $(STAMP)
 	$(PY) -m ruff format --check gradcomp tests train configs
 	$(PY) -m ruff check gradcomp tests train configs
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) tests
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
 # Benchmarks use jemalloc when the system has it (apt-get install libjemalloc2):
 # glibc returns every 100 MB buffer to the OS, and re-faulting its pages costs

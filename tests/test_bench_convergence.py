@@ -10,6 +10,9 @@ import pytest
 from gradcomp.bench import convergence
 from train import logs
 
+# One pytest-xdist worker runs the module, so its module fixture is built once.
+pytestmark = pytest.mark.xdist_group("bench_convergence")
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

@@ -16,6 +16,10 @@ import pytest
 import gradcomp
 from gradcomp.bench import step
 
+# One pytest-xdist worker runs the module, so its module fixture is built once.
+pytestmark = pytest.mark.xdist_group("bench_step")
+
+
 BATCH = 16
 
 

@@ -18,6 +18,10 @@ from test_train import ROOT, tiny_config
 
 from train import logs, plot, train
 
+# One pytest-xdist worker runs the module, so its module fixture is built once.
+pytestmark = pytest.mark.xdist_group("train_outputs")
+
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

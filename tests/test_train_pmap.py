@@ -14,6 +14,10 @@ from test_train import leaves, tiny_config
 
 from train import checkpoint, logs, train
 
+# One pytest-xdist worker runs the module, so its module fixture is built once.
+pytestmark = pytest.mark.xdist_group("train_pmap")
+
+
 STEPS = 20  # Two checkpoints: the resume tests restart from the first.
 SHORT = {
   "num_train_steps": STEPS,
