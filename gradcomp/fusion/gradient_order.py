@@ -17,26 +17,7 @@ from collections.abc import Callable
 import jax
 from jax.extend import core as jex_core
 
-# Primitives that only re-type or re-lay out one operand: a parameter passed
-# through them (a mixed-precision cast at the top of the model, a reshape) is
-# not yet *used*; its first use is where the result is consumed.
-_PASS_THROUGH = frozenset(
-  {
-    "convert_element_type",
-    "reshape",
-    "squeeze",
-    "expand_dims",
-    "transpose",
-    "broadcast_in_dim",
-    "copy",
-    "copy_p",
-    "device_put",
-    "pvary",
-    "pcast",
-    "reduce_precision",
-    "optimization_barrier",
-  }
-)
+from gradcomp.models.shapes import PASS_THROUGH
 
 
 class _FirstUse:
@@ -62,7 +43,7 @@ class _FirstUse:
       if not any(i is not None for i in inputs):
         continue
       name = eqn.primitive.name
-      if name in _PASS_THROUGH and len(eqn.invars) == len(eqn.outvars):
+      if name in PASS_THROUGH and len(eqn.invars) == len(eqn.outvars):
         for i, out in zip(inputs, eqn.outvars, strict=True):
           if i is not None:
             leaf_of[out] = i

@@ -70,10 +70,11 @@ class Tensor(typing.NamedTuple):
   flops: float
 
 
-# Primitives that only re-type or re-lay out one operand: a parameter passed
-# through them is not yet *used* (the same set as gradcomp.fusion's
-# gradient_order, which models/ may not import).
-_PASS_THROUGH = frozenset(
+#: Primitives that only re-type or re-lay out one operand: a parameter passed
+#: through them (a mixed-precision cast at the top of the model, a reshape) is
+#: not yet *used*; its first use is where the result is consumed. Shared with
+#: ``gradcomp.fusion.gradient_order``.
+PASS_THROUGH = frozenset(
   {
     "convert_element_type",
     "reshape",
@@ -137,7 +138,7 @@ class _Walk:
       self.position += 1
       inputs = [self.tag(tags, v) for v in eqn.invars]
       name = eqn.primitive.name
-      if name in _PASS_THROUGH and len(eqn.invars) == len(eqn.outvars):
+      if name in PASS_THROUGH and len(eqn.invars) == len(eqn.outvars):
         tags.update(zip(eqn.outvars, inputs, strict=True))
         continue
       if name in ("cond", "while"):
