@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from gradcomp.compressors import exchange
-from gradcomp.kernels import hashing
+from gradcomp.kernels import hashing, numerics
 
 LeafState = Any
 
@@ -74,6 +74,19 @@ def leafwise(
   Leaves are compressed in float32 and the result is cast back to each leaf's
   dtype, so shapes, dtypes and the tree structure are preserved.
 
+  Bad input, for every compressor built on this:
+
+  - a leaf with 0 elements is passed through: its (empty) output is returned
+    and its state is left as ``init`` made it; the codec never sees it;
+  - an output too large for the leaf's dtype (a float16 or bfloat16 leaf whose
+    float32 result exceeds its range) saturates at the dtype's largest finite
+    value (``numerics.saturate``); NaN and +-Inf outputs stay as they are;
+  - what a codec does with NaN / Inf gradients and with finite values near the
+    float32 maximum is said in its factory's docstring. Codecs wrapped in
+    error feedback (``memory.py``) drop a non-finite gradient and keep their
+    memory finite; stateless codecs return a non-finite output for that step
+    and are clean on the next.
+
   Args:
     codec: the per-leaf compression and exchange.
     seed: seeds the PRNG stream shared by all workers.
@@ -111,10 +124,14 @@ def leafwise(
       step_key = jax.lax.pmax(step_key, agree_key_over)
     outputs, new_states = [], []
     for i, (g, s) in enumerate(zip(leaves, leaf_states, strict=True)):
+      if g.size == 0:  # Nothing to compress or exchange.
+        outputs.append(jnp.zeros(g.shape, g.dtype))  # replicated, like a mean
+        new_states.append(s)
+        continue
       mean, _, new_s = codec.apply(
         g.astype(jnp.float32), s, hashing.derive(step_key, i), state.count
       )
-      outputs.append(mean.astype(g.dtype))
+      outputs.append(numerics.saturate(mean, g.dtype))
       new_states.append(exchange.vary_like(new_s, s))
     new_state = CompressorState(
       count=optax.safe_increment(state.count),

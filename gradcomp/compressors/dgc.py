@@ -21,6 +21,7 @@ from gradcomp.compressors import checks, exchange, sparse
 from gradcomp.compressors.base import LeafCodec, leafwise
 from gradcomp.compressors.memory import all_finite
 from gradcomp.compressors.spec import recorded
+from gradcomp.kernels import numerics
 from gradcomp.kernels.selection import threshold_top_k
 
 MIN_SAMPLE = 1024
@@ -61,8 +62,11 @@ def dgc_codec(
     size = g.shape[0]
     n = exchange.num_workers(axis_name)
     if clip_norm is not None:
-      # Local clipping: each worker's share of the global norm (§3.4).
-      g = g * jnp.minimum(1.0, clip_norm / math.sqrt(n) / (jnp.linalg.norm(g) + 1e-12))
+      # Local clipping: each worker's share of the global norm (§3.4). With
+      # ||g|| = p * root (overflow-free), g * c / ||g|| = (g / p) * (c / root).
+      c = clip_norm / math.sqrt(n)
+      p, root = numerics.scaled_norm(g)
+      g = jnp.where(root > c / p, g / p * (c / root), g)
     old_u, old_v = state.momentum.reshape(-1), state.velocity.reshape(-1)
     u = momentum * old_u + g
     v = old_v + u
@@ -133,6 +137,14 @@ def dgc(
   d)`` coordinates are sent (values + int32 indices, all-gathered), the largest
   when more pass the threshold. Momentum is applied here, so chain DGC with
   plain ``optax.sgd(lr)`` (no momentum).
+
+  Bad input: when ``v + u`` holds a NaN or Inf (a non-finite gradient, or a
+  velocity that overflows float32), this worker's gradient is dropped for the
+  step: ``u`` and ``v`` stay as they were and ``v`` is sent as usual (the
+  policy of ``memory.py``), so state and output stay finite. The clipping
+  norm is computed overflow-free. An output beyond a 16-bit leaf's range
+  (its velocity keeps growing while unsent) saturates at the leaf dtype's
+  maximum (``leafwise``).
 
   Args:
     ratio: final density (fraction of coordinates sent), in (0, 1].

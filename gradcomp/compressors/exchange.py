@@ -75,6 +75,20 @@ def all_reduce_sum(x, axis_name: AxisName):
   return x if axis_name is None else jax.lax.psum(x, axis_name)
 
 
+def all_reduce_mean(x, axis_name: AxisName):
+  """Mean of a pytree of linear payloads over workers: ``psum(x / n)``.
+
+  Each worker divides before the sum, so ``n`` finite payloads whose sum would
+  overflow float32 still have a finite mean (scale before you sum). For a
+  power-of-two ``n`` it equals ``psum(x) / n`` bit for bit (short of
+  subnormals).
+  """
+  if axis_name is None:
+    return x
+  n = num_workers(axis_name)
+  return jax.lax.psum(jax.tree.map(lambda a: a / n, x), axis_name)
+
+
 def all_gather(x, axis_name: AxisName):
   """Stacks a pytree of payloads from all workers on a new leading axis."""
   if axis_name is None:
@@ -95,6 +109,16 @@ def gathered_sum(payload, decode: Callable[..., jax.Array], axis_name: AxisName)
   for w in range(1, n):
     total = total + decode(*jax.tree.map(lambda a, w=w: a[w], gathered))
   return total
+
+
+def gathered_mean(payload, decode: Callable[..., jax.Array], axis_name: AxisName):
+  """``sum_w decode(*payload_w) / n``, each decoded payload divided before the sum.
+
+  As :func:`gathered_sum`; dividing first keeps the mean finite when the
+  decoded payloads are finite but their sum is not.
+  """
+  n = num_workers(axis_name)
+  return gathered_sum(payload, lambda *p: decode(*p) / n, axis_name)
 
 
 def scatter_mean(values, indices, size: int, n: int) -> jax.Array:

@@ -6,7 +6,8 @@ Seide et al. 2014) and Karimireddy et al. 2019 (EF-signSGD):
 .. math::
   e_t = r_{t-1} + g_t, \\quad p_t = C(e_t), \\quad r_t = e_t - D(p_t)
 
-Non-finite policy: when ``r_{t-1} + g_t`` holds a NaN or an Inf, this worker's
+Non-finite policy: when ``r_{t-1} + g_t`` holds a NaN or an Inf (a non-finite
+gradient, or two finite values whose sum overflows float32), this worker's
 gradient is dropped and ``e_t = r_{t-1}``: the memory is compressed and sent as
 usual, so it never stores a NaN and no mass is lost, and the other workers'
 gradients still go through. To skip such a step on every worker instead (the

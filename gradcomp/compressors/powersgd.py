@@ -18,6 +18,7 @@ from gradcomp.compressors import checks, exchange
 from gradcomp.compressors.base import LeafCodec, leafwise
 from gradcomp.compressors.memory import error_feedback
 from gradcomp.compressors.spec import recorded
+from gradcomp.kernels import numerics
 
 
 def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -51,12 +52,35 @@ def _as_matrix(x: jax.Array) -> jax.Array:
 
 
 def _orthonormal_columns(p: jax.Array) -> jax.Array:
-  q, _ = jnp.linalg.qr(p)
+  # QR is scale-invariant; dividing by a power of two near max |p| first
+  # (exact) keeps its column norms from overflowing.
+  q, _ = jnp.linalg.qr(p / numerics.power_of_two_above(jnp.max(jnp.abs(p))))
   return q
 
 
+def _unit_columns(q: jax.Array) -> jax.Array:
+  """``q`` with every non-zero column scaled to norm 1 (the same column space)."""
+  scale, root = numerics.scaled_norm(q, axis=0, keepdims=True)
+  return q / scale / jnp.where(root > 0, root, 1.0)
+
+
+def _headroom(size: int) -> float:
+  """``2**-k`` for the smallest ``k`` with ``2**k >= sqrt(size)``."""
+  return 2.0 ** -math.ceil(math.log2(max(size, 1)) / 2)
+
+
 def powersgd_codec(rank: int, axis_name: exchange.AxisName) -> LeafCodec:
-  """One power iteration per step; leaves too small to compress go dense."""
+  """One power iteration per step; leaves too small to compress go dense.
+
+  Overflow-free for every finite ``x`` (all scales are powers of two, so they
+  round nothing): the warm start is rescaled to unit columns times ``2**-a``
+  with ``2**a >= sqrt(cols)``, so every entry and partial sum of ``M Q`` is at
+  most ``max |M|``; ``Q`` is computed as ``M^T (P 2**-b) 2**b`` with
+  ``2**b >= sqrt(rows)`` and its entries saturate at ``float32 max / (2
+  sqrt(rank))``, so ``P Q^T`` is at most half the float32 maximum; the
+  remainder ``x - P Q^T`` saturates at the maximum. Means are taken by
+  dividing before the all-reduce.
+  """
 
   def init(leaf, key):
     if not compresses(tuple(leaf.shape), rank):
@@ -66,16 +90,20 @@ def powersgd_codec(rank: int, axis_name: exchange.AxisName) -> LeafCodec:
 
   def apply(x, state, key, step):
     del key, step
-    n_workers = exchange.num_workers(axis_name)
     if not compresses(x.shape, rank):
-      mean = exchange.all_reduce_sum(x, axis_name) / n_workers
-      return mean, jnp.zeros_like(x), state
+      return exchange.all_reduce_mean(x, axis_name), jnp.zeros_like(x), state
+    rows, cols = matrix_shape(x.shape)
+    down_p, down_q = _headroom(cols), _headroom(rows)
     m = _as_matrix(x)
-    p = exchange.all_reduce_sum(m @ state.q, axis_name) / n_workers
+    p = exchange.all_reduce_mean(m @ (_unit_columns(state.q) * down_p), axis_name)
     p = _orthonormal_columns(p)
-    q = exchange.all_reduce_sum(m.T @ p, axis_name) / n_workers
+    q = exchange.all_reduce_mean(m.T @ (p * down_q), axis_name) * (1.0 / down_q)
+    # Saturating the small factor bounds every entry of P Q^T by max / 2.
+    limit = numerics.FLOAT32_MAX / (2 * math.sqrt(rank))
+    q = jnp.clip(q, -limit, limit)
     approx = (p @ q.T).reshape(-1)[: x.size].reshape(x.shape)
-    return approx, x - approx, PowerSGDLeafState(q=q)
+    big = numerics.FLOAT32_MAX
+    return approx, jnp.clip(x - approx, -big, big), PowerSGDLeafState(q=q)
 
   return LeafCodec(init, apply)
 
@@ -98,6 +126,14 @@ def powersgd(
   worker. The output is exact whenever the workers' mean ``M`` has rank
   ``<= rank``. Leaves whose factors would not be smaller than the matrix are
   all-reduced uncompressed, as in the reference implementation.
+
+  Bad input: a NaN or Inf gradient is dropped by the error feedback
+  (``memory.py``: the memory is compressed and sent, this worker's gradient
+  is lost), so state and output stay finite. Finite gradients up to the
+  float32 maximum never overflow (see :func:`powersgd_codec`): entries of
+  ``Q`` beyond ``float32 max / (2 sqrt(rank))`` and of the remainder beyond
+  the float32 range, possible only for a matrix with entries within a factor
+  ~``sqrt(rows)`` of that maximum, saturate there.
 
   Args:
     rank: the rank ``r``, >= 1.

@@ -15,8 +15,10 @@ import optax
 from gradcomp.compressors import checks, exchange, memory
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.spec import recorded
-from gradcomp.kernels import bits, hashing
+from gradcomp.kernels import bits, hashing, numerics
 from gradcomp.kernels.hashing import hash_uniform
+
+_TINY = float(jnp.finfo(jnp.float32).tiny)
 
 
 @recorded
@@ -39,6 +41,16 @@ def qsgd(
   and the variance grows with ``sqrt(d)``). The wire format is one signed int8
   code ``sign * xi`` per coordinate (``levels <= 127``) plus one float32 norm
   per bucket; payloads are all-gathered.
+
+  Bad input: without error feedback nothing is stored, and a NaN or Inf
+  gradient gives a NaN output for that step (its bucket's norm is not
+  finite); with ``error_feedback=True`` the memory drops it (``memory.py``).
+  Bucket norms are computed overflow-free (``numerics.scaled_norm``), so
+  finite gradients up to the float32 maximum quantize to finite codes; a
+  bucket whose norm itself exceeds the float32 maximum (values near it in
+  several coordinates) sends that maximum as its norm: those coordinates
+  saturate (decode smaller than they are, biased). Each decoded payload is
+  divided by ``n`` before the workers' payloads are added.
 
   Args:
     levels: number of positive levels ``s``, in [1, 127].
@@ -79,16 +91,23 @@ def qsgd(
         [(c.astype(jnp.float32) * s).reshape(-1) for c, s in payload]
       ).reshape(x.shape)
 
-    n = exchange.num_workers(axis_name)
-    mean = exchange.gathered_sum(payload, decode, axis_name) / n
+    mean = exchange.gathered_mean(payload, decode, axis_name)
     return mean, x - decode(*payload), state
 
   def quantize(buckets, key):
     """int8 codes and float32 scales of each row of ``buckets``."""
-    norms = jnp.sqrt(jnp.sum(buckets * buckets, axis=1, keepdims=True))
-    scaled = jnp.abs(buckets) * (levels / jnp.where(norms > 0, norms, 1.0))
+    # norm = p * root without overflow, and s / norm = (1 / p) (s / root). That
+    # factor is below float32's normal range only when the norm is above
+    # s * 2**126; it is then held there (codes saturate) instead of flushing
+    # to 0. One factor per bucket keeps the pass over |x| a single multiply.
+    p, root = numerics.scaled_norm(buckets, axis=1, keepdims=True)
+    factor = (1.0 / p) * (levels / jnp.where(root > 0, root, 1.0))
+    scaled = jnp.abs(buckets) * jnp.maximum(factor, _TINY)
     u = hash_uniform(key, buckets.shape)
-    codes = (jnp.sign(buckets) * jnp.floor(scaled + u)).astype(jnp.int8)
+    # At most s: |x_i| = ||x_B|| may round to just above s.
+    xi = jnp.minimum(jnp.floor(scaled + u), levels)
+    codes = (jnp.sign(buckets) * xi).astype(jnp.int8)
+    norms = jnp.minimum(p * root, numerics.FLOAT32_MAX)
     return codes, norms / levels
 
   codec = LeafCodec(stateless_init, apply)
@@ -104,6 +123,12 @@ def terngrad(
   The wire format is 2 bits per coordinate (packed ternary codes) plus one
   float32 scale per leaf; payloads are all-gathered. Gradient clipping and
   scaler sharing from the TernGrad paper are left to the surrounding optimizer.
+
+  Bad input: nothing is stored; a NaN or Inf gradient gives a non-finite
+  output for that step (its scale ``max |x|`` is not finite). Finite
+  gradients up to the float32 maximum give a finite mean: the scale is a
+  maximum, not a sum, and each decoded payload is divided by ``n`` before the
+  workers' payloads are added.
 
   Args:
     seed: seeds the rounding stream.
@@ -128,8 +153,7 @@ def terngrad(
     def decode(p, s):
       return bits.unpack_ternary(p, size) * s
 
-    n = exchange.num_workers(axis_name)
-    mean = exchange.gathered_sum((packed, scale), decode, axis_name) / n
+    mean = exchange.gathered_mean((packed, scale), decode, axis_name)
     return mean.reshape(x.shape), x - ternary * scale, state
 
   return leafwise(LeafCodec(stateless_init, apply), seed=seed)

@@ -48,6 +48,12 @@ def randomk(
     S \\sim \\text{shared},\\ |S| = k,\\quad
     \\bar g_S = \\tfrac{1}{n}\\textstyle\\sum_w e_{w,S},\\quad r = e \\odot 1_{\\bar S}
 
+  Bad input: with error feedback a NaN or Inf gradient is dropped by the
+  memory (``memory.py``), so state and output stay finite; without it a NaN
+  or Inf at a chosen coordinate reaches that step's output (nothing is
+  stored). Each worker divides its k values by ``n`` before the all-reduce,
+  so finite values have a finite mean.
+
   Args:
     ratio: fraction of coordinates kept, in (0, 1].
     seed: seeds the index stream; must be the same on every worker.

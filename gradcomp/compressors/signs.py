@@ -12,7 +12,7 @@ from gradcomp.compressors import exchange
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.memory import error_feedback
 from gradcomp.compressors.spec import recorded
-from gradcomp.kernels import bits
+from gradcomp.kernels import bits, numerics
 
 
 @recorded
@@ -23,6 +23,9 @@ def signsgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransformat
   worker decodes all bit vectors and takes the coordinate-wise majority, 0 on a
   tie. Unlike the other compressors the result is the *vote*, not a mean, as
   in the paper: pair it with a small learning rate (``optax.sgd(1e-3)``).
+
+  Bad input: the output is always in {-1, 0, +1}. A NaN coordinate votes -1
+  (it is not ``>= 0``), +-Inf vote their sign; nothing is stored.
 
   Args:
     axis_name: the mapped axis of the workers, or ``None`` for one device.
@@ -49,19 +52,22 @@ def signsgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransformat
 
 
 def scaled_sign_codec(axis_name: exchange.AxisName) -> LeafCodec:
-  """``(||x||_1 / d) * sign(x)``: 1 bit per coordinate and one float32 scale."""
+  """``(||x||_1 / d) * sign(x)``: 1 bit per coordinate and one float32 scale.
+
+  The mean ``|x_i|`` is summed as ``sum_i |x_i| / d`` (scale before you sum),
+  so it is at most ``max |x_i|`` and finite for finite ``x``.
+  """
 
   def apply(x, state, key, step):
     del key, step
     size = x.size
-    scale = jnp.sum(jnp.abs(x)) / size
+    scale = jnp.minimum(jnp.sum(jnp.abs(x) / size), numerics.FLOAT32_MAX)
     packed = bits.pack_signs(x)
 
     def decode(p, s):
       return bits.unpack_signs(p, size) * s
 
-    n = exchange.num_workers(axis_name)
-    mean = exchange.gathered_sum((packed, scale), decode, axis_name) / n
+    mean = exchange.gathered_mean((packed, scale), decode, axis_name)
     return mean.reshape(x.shape), x - decode(packed, scale).reshape(x.shape), state
 
   return LeafCodec(stateless_init, apply)
@@ -73,6 +79,13 @@ def ef_signsgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransfor
 
   .. math::
     e = r + g,\\quad p = \\tfrac{\\|e\\|_1}{d}\\operatorname{sign}(e),\\quad r = e - p
+
+  Bad input: a NaN or Inf gradient is dropped by the error feedback
+  (``memory.py``: the memory is sent, this worker's gradient is lost), so
+  state and output stay finite. Finite gradients up to the float32 maximum
+  give a finite scale (``||e||_1 / d`` is summed as ``sum |e_i| / d``) and a
+  finite mean over workers (each decoded payload is divided by ``n`` before
+  the sum).
 
   Args:
     axis_name: the mapped axis of the workers, or ``None`` for one device.

@@ -19,7 +19,7 @@ import optax
 from gradcomp.compressors import checks, exchange, memory, sparse
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.spec import recorded
-from gradcomp.kernels import count_sketch, hashing
+from gradcomp.kernels import count_sketch, hashing, numerics
 from gradcomp.kernels.selection import top_k_magnitude
 
 # Sketch floats per kept coordinate in the default sketch size; with the k
@@ -105,6 +105,16 @@ def sketch_topk(
       uniform sample (Ivkin et al.'s HEAVYMIX); ``False`` sends only heavy
       coordinates.
 
+  **Bad input.** A NaN or Inf gradient is dropped by the error feedback
+  (``memory.py``: the memory is sketched and sent, this worker's gradient is
+  lost). Finite gradients are safe up to the float32 maximum: the heavy-
+  hitter test works on the summed table divided by a power of two near its
+  largest entry (exact), so its squares cannot overflow; a bucket whose sum
+  itself overflows (values near the maximum sharing it) counts as the
+  maximum, or as 0 when opposite infinities met there, which only changes
+  which coordinates are chosen. The second round sends exact values, each
+  divided by ``n`` before the all-reduce, so outputs and memory stay finite.
+
   Returns:
     An ``optax.GradientTransformation`` whose state is a ``CompressorState``
     holding one ``ErrorFeedbackState`` per leaf (no hash tables).
@@ -161,6 +171,13 @@ def heavymix(table, d: int, k: int, key, seed: int, random_fill: bool = True):
   Returns:
     int32 ``(k,)`` distinct indices in ``[0, d)``, or ``d`` for empty slots.
   """
+  # Bucket sums of values near the float32 maximum can overflow: such buckets
+  # saturate (Inf) or drop out (NaN, from Inf - Inf). The table is then
+  # divided by a power of two near its largest entry, exactly (every ratio
+  # and comparison below is unchanged), so that its squares cannot overflow.
+  big = numerics.FLOAT32_MAX
+  table = jnp.nan_to_num(table, nan=0.0, posinf=big, neginf=-big)
+  table = table / numerics.power_of_two_above(jnp.max(jnp.abs(table)))
   l2 = count_sketch.l2_estimate(table)
   # l2 > 0 wherever a coordinate is heavy unless the rows disagree wildly;
   # the guard keeps the priority finite and > 1 then too.

@@ -35,7 +35,7 @@ def all_reduce_mean_at(
   """
   size = flat.shape[0]
   local = flat.at[indices].get(mode="fill", fill_value=0.0)
-  values = exchange.all_reduce_sum(local, axis_name) / exchange.num_workers(axis_name)
+  values = exchange.all_reduce_mean(local, axis_name)
   return jnp.zeros((size,), jnp.float32).at[indices].set(values, mode="drop")
 
 

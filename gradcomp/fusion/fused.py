@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from gradcomp.fusion.plan import Plan
+from gradcomp.kernels import numerics
 
 
 class LayerFusionState(NamedTuple):
@@ -57,7 +58,9 @@ def _split(buffers, plan: Plan, like) -> list:
       shape, dtype = jnp.shape(like[i]), like[i].dtype
       size = int(jnp.size(like[i]))
       piece = buffer if len(group) == 1 else buffer[start : start + size]
-      leaves[i] = jnp.reshape(piece, shape).astype(dtype)
+      # Saturating: a float32 value beyond a 16-bit leaf's range becomes its
+      # largest finite value, not Inf (issue 11 §6).
+      leaves[i] = numerics.saturate(jnp.reshape(piece, shape), dtype)
       start += size
   return leaves
 
