@@ -115,3 +115,55 @@ def grads_like(params, seed: int = 0):
       for k, p in zip(keys, leaves, strict=True)
     ],
   )
+
+
+def assert_mean_over_workers(out, per_worker, dtype=jnp.float32, rel=0.0, tiny=0.0):
+  """Asserts ``out`` is ``per_worker``'s mean over axis 0, up to the sum's rounding.
+
+  The n workers' terms meet in one sum, in the all-reduce's order (not
+  NumPy's, and not the same for every backend or process layout). Whatever
+  the order, a sum of n terms rounded in ``dtype`` errs by at most
+  gamma_{n-1} sum_w |term_w| <= n u sum_w |term_w| (Higham, *Accuracy and
+  Stability of Numerical Algorithms*, §4.2), u the unit roundoff. That
+  bound, per coordinate, holds for every summation order; a fixed ``rtol``
+  does not where the terms cancel (a mean near 0 of large terms). The
+  reference is the float64 mean, so only the compressor's sum rounds.
+
+  ``rel`` adds a relative error each term may carry on its own (a scale
+  computed by a float32 reduction in another program); ``tiny`` an absolute
+  one (half-precision subnormals).
+  """
+  per_worker = np.asarray(per_worker, np.float64)
+  n = per_worker.shape[0]
+  expected = per_worker.mean(axis=0)
+  magnitude = np.abs(per_worker).mean(axis=0)  # sum_w |term_w| / n
+  unit_roundoff = float(jnp.finfo(dtype).eps) / 2  # float32 2^-24, bfloat16 2^-8
+  bound = (n * unit_roundoff + rel) * magnitude + tiny
+  err = np.abs(np.asarray(out, np.float64) - expected)
+  if not np.all(err <= bound):
+    i = np.unravel_index(np.argmax(err - bound), err.shape)
+    raise AssertionError(
+      f"not the mean over workers at {i}: got {np.asarray(out)[i]!r}, mean "
+      f"{expected[i]!r}, error {err[i]:.3g} > bound {bound[i]:.3g} "
+      f"({np.count_nonzero(err > bound)} of {err.size} coordinates)"
+    )
+
+
+def assert_states_close(got, want, rel: float):
+  """Two training states agree: floats to ``rel`` of each leaf's largest value.
+
+  For runs that differ only in the order of float32 sums (pmap vs shard_map,
+  two processes vs one): a reordered sum differs by a few units of roundoff
+  of the summed magnitudes, so the error scales with the leaf's size, not
+  with each element's (a residual entry near 0 carries the error of the
+  gradient it was left from). Integer leaves (counters, keys) are exact.
+  """
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape and a.dtype == b.dtype
+    if not np.issubdtype(b.dtype, np.floating):
+      np.testing.assert_array_equal(a, b)
+      continue
+    scale = float(np.max(np.abs(b), initial=0.0))
+    err = float(np.max(np.abs(a.astype(np.float64) - b), initial=0.0))
+    assert err <= rel * scale, f"{err:.3g} > {rel:g} x {scale:.3g}"
