@@ -239,20 +239,21 @@ TRAINED = [
 ]
 
 
-def _trained_model(config_name, num_classes):
-  """The module ``train.py`` builds for a paper config (``train_and_evaluate``)."""
+def _trained_model(config_name, num_classes, sample):
+  """The module ``train.py`` builds for a paper config (``train_and_evaluate``),
+  its abstract variables and an abstract batch of 2 ``sample``s."""
   config = importlib.import_module(f"configs.{config_name}").get_config()
   model_cfg = dict(config.model)
-  return zoo.create(model_cfg.pop("name"), num_classes, **model_cfg)
+  model = zoo.create(model_cfg.pop("name"), num_classes, **model_cfg)
+  x = jax.ShapeDtypeStruct((2, *sample[0]), sample[1])
+  return model, jax.eval_shape(model.init, jax.random.PRNGKey(0), x), x
 
 
 @pytest.mark.parametrize("key, config_name, classes, sample, kwargs", TRAINED)
 def test_training_model_has_the_benchmarks_leaves(
   key, config_name, classes, sample, kwargs
 ):
-  model = _trained_model(config_name, classes)
-  x = jax.ShapeDtypeStruct((2, *sample[0]), sample[1])
-  variables = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)
+  _, variables, _ = _trained_model(config_name, classes, sample)
   trained = [
     ("/".join(k.key for k in path), leaf.shape)
     for path, leaf in jax.tree.leaves_with_path(variables["params"])
@@ -268,9 +269,7 @@ def test_training_model_has_the_benchmarks_leaves(
 def test_forward_order_is_the_training_gradient_order_reversed(
   key, config_name, classes, sample, kwargs
 ):
-  model = _trained_model(config_name, classes)
-  x = jax.ShapeDtypeStruct((2, *sample[0]), sample[1])
-  variables = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)
+  model, variables, x = _trained_model(config_name, classes, sample)
   params = variables.pop("params")
   y = jax.ShapeDtypeStruct(
     (2, *sample[0][:1]) if key == "lstm_ptb" else (2,), jnp.int32
