@@ -25,7 +25,7 @@ import optax
 from gradcomp.compressors.spec import spec_of
 from gradcomp.fusion import profiling
 from gradcomp.fusion import search as fusion_search
-from gradcomp.fusion.fused import fusion_transform
+from gradcomp.fusion.fused import fused, fusion_transform
 from gradcomp.fusion.plan import Plan, check_order
 from gradcomp.sim.cluster import Cluster
 from gradcomp.sim.profile import Profile
@@ -168,6 +168,8 @@ def layerfusion(
 
   if search not in fusion_search.METHODS:
     raise ValueError(f"search must be one of {fusion_search.METHODS}, got {search!r}")
+  if isinstance(plan, Plan):
+    return fused(inner, plan)
   if plan == "auto":
     if profile is None:
       profile = profiling.profile_for(inner)
@@ -177,12 +179,6 @@ def layerfusion(
 
   def resolve(leaves) -> Plan:
     num_leaves = len(leaves)
-    if isinstance(plan, Plan):
-      if plan.num_leaves != num_leaves:
-        raise ValueError(
-          f"the plan is for {plan.num_leaves} leaves, the tree has {num_leaves}"
-        )
-      return plan
     leaf_order = tuple(range(num_leaves)) if order is None else order
     if len(leaf_order) != num_leaves:
       raise ValueError(
