@@ -38,6 +38,10 @@ from gradcomp.fusion.search import search_plan as search_plan
 from gradcomp.parallel.wire import wire_bytes as wire_bytes
 from gradcomp.parallel.workers import add_worker_axis as add_worker_axis
 from gradcomp.parallel.workers import drop_worker_axis as drop_worker_axis
+from gradcomp.schemes.easgd import EASGDState as EASGDState
+from gradcomp.schemes.easgd import easgd as easgd
+from gradcomp.schemes.local_sgd import LocalSGDState as LocalSGDState
+from gradcomp.schemes.local_sgd import local_sgd as local_sgd
 from gradcomp.sim.cluster import Cluster as Cluster
 from gradcomp.sim.profile import Profile as Profile
 from gradcomp.sim.timeline import CostModel as CostModel

@@ -12,6 +12,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -167,3 +168,36 @@ def assert_states_close(got, want, rel: float):
     scale = float(np.max(np.abs(b), initial=0.0))
     err = float(np.max(np.abs(a.astype(np.float64) - b), initial=0.0))
     assert err <= rel * scale, f"{err:.3g} > {rel:g} x {scale:.3g}"
+
+
+def scheme_steps(tx, *, jit: bool = True):
+  """``f(params, grads) -> (params, state)``: ``tx`` run as a scheme on 8 workers.
+
+  ``params`` start replicated; ``grads`` have shape (T, workers, ...): step
+  t's gradient of each worker (given, not computed, so a NumPy reference can
+  replay them). The first step runs unrolled and the rest in a ``scan``, whose
+  carry keeps the types the first step produced (params and per-worker state
+  typed varying, counters and agreed values invariant), as the training
+  step's layout does. Returns every worker's final params and state, each
+  leaf with a leading worker axis.
+  """
+
+  def steps(params, grads):
+    grads = jax.tree.map(lambda g: g[:, 0], grads)
+    state = tx.init(params)
+
+    def body(carry, g):
+      params, state = carry
+      updates, state = tx.update(g, state, params)
+      return (optax.apply_updates(params, updates), state), None
+
+    first = jax.tree.map(lambda g: g[0], grads)
+    carry, _ = body((params, state), first)
+    rest = jax.tree.map(lambda g: g[1:], grads)
+    (params, state), _ = jax.lax.scan(body, carry, rest)
+    return gradcomp.add_worker_axis((params, state))
+
+  f = jax.shard_map(
+    steps, mesh=mesh(), in_specs=(P(), P(None, AXIS)), out_specs=P(AXIS)
+  )
+  return jax.jit(f) if jit else f
