@@ -42,7 +42,14 @@ from gradcomp.schemes.easgd import EASGDState as EASGDState
 from gradcomp.schemes.easgd import easgd as easgd
 from gradcomp.schemes.local_sgd import LocalSGDState as LocalSGDState
 from gradcomp.schemes.local_sgd import local_sgd as local_sgd
+from gradcomp.sim.clock import SimClock as SimClock
+from gradcomp.sim.clock import forward_flops_per_sample as forward_flops_per_sample
+from gradcomp.sim.clock import local_sgd_round_seconds as local_sgd_round_seconds
+from gradcomp.sim.clock import synchronous_step_seconds as synchronous_step_seconds
+from gradcomp.sim.clock import training_flops as training_flops
 from gradcomp.sim.cluster import Cluster as Cluster
+from gradcomp.sim.cluster import Failure as Failure
+from gradcomp.sim.cluster import Slowdown as Slowdown
 from gradcomp.sim.profile import Profile as Profile
 from gradcomp.sim.timeline import CostModel as CostModel
 from gradcomp.sim.timeline import Timeline as Timeline

@@ -1,6 +1,9 @@
-"""Described clusters, measured cost profiles, the cost model and the timeline simulator.
+"""Described clusters, measured cost profiles, the cost model, the timeline simulator and the simulated clock.
 
-Paper 000 §4.3 (eq. 7) and DESIGN §6. Shared by LayerFusion, the schemes and the
-benchmarks; imports compressors (for a profile's label) and models (for a
-model's workload), never fusion, schemes or bench.
+Paper 000 §4.3 (eq. 7) and DESIGN §6. ``cluster`` describes workers (speeds,
+slowdowns, failures) and links; ``clock`` advances simulated time on such a
+cluster step by step, for the training program. Shared by LayerFusion, the
+schemes, the training program and the benchmarks; imports compressors (for a
+profile's label) and models (for a model's workload and FLOPs), never fusion,
+schemes or bench.
 """

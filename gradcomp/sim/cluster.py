@@ -1,4 +1,4 @@
-"""A described cluster and the alpha-beta price of an exchange on it: ``Comm(x)``.
+"""A described cluster: the alpha-beta price ``Comm(x)`` of an exchange, and compute.
 
 Paper 000 §4.3, eq. 7 needs ``Comm(x_i)``, the time to exchange group ``i``'s
 payload. The payload (bytes and collectives per worker) comes from the
@@ -27,20 +27,127 @@ when the worker's own cores move the bytes, as between the virtual CPU devices
 of one process (the "collective" is a rendezvous and a memcpy by the same
 threads that compress and back-propagate). The timeline then runs exchanges
 on the compute stream, and pipelining groups hides nothing.
+
+**Compute (DESIGN §6).** A cluster also describes its workers' compute, so
+that a run can be priced in simulated seconds on a cluster we do not have:
+
+* ``speeds``: each worker's speed relative to a reference device that sustains
+  ``flops_per_second`` (8 TFLOP/s by default, about half a V100's fp32 peak:
+  paper 000 §5, as ``model_workload.DEFAULT_TFLOPS``); a heterogeneous edge
+  platform (paper 002 §1) mixes devices of different speeds;
+* ``events``: changes over time. A :class:`Slowdown` divides a worker's speed
+  by ``factor`` over a range of steps, as a co-running job does (paper 002
+  §3.3: the task's time becomes ``t0 * RG(U)`` with ``RG(U) > 1``); a
+  :class:`Failure` stops a worker for good (paper 004 §2.3: synchronous SGD
+  stalls on it, asynchronous SGD carries on).
+
+One worker's compute time in step ``s`` is then
+``flops / (flops_per_second * speed_w(s))`` (:meth:`Cluster.compute_seconds`):
+the time is read from FLOPs and described speeds, never from this machine's
+clock. Steps are the training program's, counted from 1.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import numpy as np
 
 TOPOLOGIES = ("ring", "parameter_server")
+#: Training throughput of a speed-1.0 worker, FLOP/s: ``model_workload``'s
+#: ``DEFAULT_TFLOPS`` (about half a V100's 15.7 TFLOP/s fp32 peak, paper 000 §5).
+DEFAULT_FLOPS_PER_SECOND = 8e12
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+  """A real scalar, not a bool; 0-d arrays such as :meth:`Cluster.comm_seconds`'s too."""
+  if isinstance(value, np.ndarray) and value.ndim == 0:
+    return value.dtype.kind in "iuf"
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_step(step) -> None:
+  if not _is_int(step) or step < 1:
+    raise ValueError(f"step must be an integer >= 1 (1-based), got {step!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Slowdown:
+  """A worker running slower for a while, as beside a co-running job.
+
+  Paper 002 §3.3: a co-running workload stretches the training task's time per
+  unit of data from ``t0`` to ``t0 * RG(U)``, ``RG(U) > 1``; here ``factor`` is
+  that ratio, given rather than predicted. Slowdowns that overlap on a worker
+  compound: their factors multiply.
+
+  Attributes:
+    worker: the worker's index, in ``[0, workers)`` of the cluster.
+    factor: the worker's speed is divided by it, finite and >= 1.
+    start: first training step slowed (1-based, inclusive), >= 1.
+    stop: first step no longer slowed (exclusive), > ``start``; ``None`` for
+      the rest of the run.
+  """
+
+  worker: int
+  factor: float
+  start: int
+  stop: int | None = None
+
+  def __post_init__(self):
+    if not _is_int(self.worker) or self.worker < 0:
+      raise ValueError(f"Slowdown.worker must be an integer >= 0, got {self.worker!r}")
+    if not _is_real(self.factor) or not np.isfinite(self.factor) or self.factor < 1:
+      raise ValueError(f"Slowdown.factor must be finite and >= 1, got {self.factor!r}")
+    if not _is_int(self.start) or self.start < 1:
+      raise ValueError(f"Slowdown.start must be an integer >= 1, got {self.start!r}")
+    if self.stop is not None and (not _is_int(self.stop) or self.stop <= self.start):
+      raise ValueError(
+        f"Slowdown.stop must be None or an integer > start = {self.start}, "
+        f"got {self.stop!r}"
+      )
+    object.__setattr__(self, "worker", int(self.worker))
+    object.__setattr__(self, "factor", float(self.factor))
+    object.__setattr__(self, "start", int(self.start))
+    if self.stop is not None:
+      object.__setattr__(self, "stop", int(self.stop))
+
+  def active(self, step: int) -> bool:
+    """Whether ``step`` is slowed: ``start <= step < stop``."""
+    return self.start <= step and (self.stop is None or step < self.stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+  """A worker that stops for good: from ``step`` on it never finishes a step.
+
+  Its speed is 0 and its compute time infinite (paper 004 §2.3: synchronous
+  SGD then waits forever; asynchronous SGD carries on without it).
+
+  Attributes:
+    worker: the worker's index, in ``[0, workers)`` of the cluster.
+    step: the first training step it does not finish (1-based), >= 1.
+  """
+
+  worker: int
+  step: int
+
+  def __post_init__(self):
+    if not _is_int(self.worker) or self.worker < 0:
+      raise ValueError(f"Failure.worker must be an integer >= 0, got {self.worker!r}")
+    if not _is_int(self.step) or self.step < 1:
+      raise ValueError(f"Failure.step must be an integer >= 1, got {self.step!r}")
+    object.__setattr__(self, "worker", int(self.worker))
+    object.__setattr__(self, "step", int(self.step))
 
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
-  """Workers joined by a network, as the cost model sees them.
+  """Workers joined by a network, as the cost model and the simulated clock see them.
 
   Attributes:
     workers: number of data-parallel workers, >= 1.
@@ -51,6 +158,13 @@ class Cluster:
       Horovod do) or ``"parameter_server"``.
     overlap: whether exchanges run beside computation (a separate link) or
       on the compute stream (the same cores copy the bytes).
+    speeds: each worker's compute speed relative to the reference device
+      (1.0), ``workers`` finite values > 0 (a list is stored as a tuple);
+      ``None``: a homogeneous cluster, every speed 1.0.
+    flops_per_second: sustained training throughput of a speed-1.0 worker,
+      FLOP/s, finite and > 0 (default :data:`DEFAULT_FLOPS_PER_SECOND`).
+    events: :class:`Slowdown` and :class:`Failure` events (a list is stored
+      as a tuple), their workers in ``[0, workers)``.
   """
 
   workers: int
@@ -58,6 +172,9 @@ class Cluster:
   latency_us: float = 25.0
   topology: str = "ring"
   overlap: bool = True
+  speeds: tuple[float, ...] | None = None
+  flops_per_second: float = DEFAULT_FLOPS_PER_SECOND
+  events: tuple[Slowdown | Failure, ...] = ()
 
   def __post_init__(self):
     if (
@@ -74,6 +191,83 @@ class Cluster:
       raise ValueError(f"topology must be one of {TOPOLOGIES}, got {self.topology!r}")
     if not isinstance(self.overlap, bool):
       raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
+    if self.speeds is not None:
+      speeds = tuple(self.speeds) if np.iterable(self.speeds) else None
+      if speeds is None or len(speeds) != self.workers:
+        raise ValueError(
+          f"speeds must hold one value per worker ({self.workers}), got {self.speeds!r}"
+        )
+      for w, v in enumerate(speeds):
+        if not _is_real(v) or not np.isfinite(v) or v <= 0:
+          raise ValueError(f"speeds[{w}] must be finite and > 0, got {v!r}")
+      object.__setattr__(self, "speeds", tuple(float(v) for v in speeds))
+    if (
+      not _is_real(self.flops_per_second)
+      or not np.isfinite(self.flops_per_second)
+      or self.flops_per_second <= 0
+    ):
+      raise ValueError(
+        f"flops_per_second must be finite and > 0, got {self.flops_per_second!r}"
+      )
+    object.__setattr__(self, "flops_per_second", float(self.flops_per_second))
+    if not np.iterable(self.events) or isinstance(self.events, str):
+      raise ValueError(
+        f"events must be a sequence of Slowdown / Failure, got {self.events!r}"
+      )
+    events = tuple(self.events)
+    for i, event in enumerate(events):
+      if not isinstance(event, Slowdown | Failure):
+        raise ValueError(f"events[{i}] must be a Slowdown or a Failure, got {event!r}")
+      if event.worker >= self.workers:
+        raise ValueError(
+          f"events[{i}].worker must be in [0, {self.workers}), got {event.worker}"
+        )
+    object.__setattr__(self, "events", events)
+
+  def speeds_at(self, step: int) -> np.ndarray:
+    """Each worker's speed in training step ``step`` (1-based).
+
+    ``speeds`` (1.0 if ``None``) divided by the factors of the slowdowns
+    active at ``step`` (they compound), 0.0 for a worker failed at or before
+    ``step``.
+
+    Returns:
+      A float64 array of shape ``(workers,)``.
+    """
+    _check_step(step)
+    base = (1.0,) * self.workers if self.speeds is None else self.speeds
+    speeds = np.array(base, np.float64)
+    for event in self.events:
+      if isinstance(event, Slowdown) and event.active(step):
+        speeds[event.worker] /= event.factor
+    for event in self.events:
+      if isinstance(event, Failure) and event.step <= step:
+        speeds[event.worker] = 0.0
+    return speeds
+
+  def compute_seconds(self, flops, step: int) -> np.ndarray:
+    """Each worker's time to compute ``flops`` FLOPs in training step ``step``.
+
+    .. math:: t_w(s) = \\frac{F}{R \\cdot v_w(s)}
+
+    with ``F = flops``, ``R = flops_per_second`` and ``v_w(s)`` the speed of
+    :meth:`speeds_at`; ``inf`` for a failed worker (it never finishes, even
+    with no work).
+
+    Args:
+      flops: one worker's FLOPs for the step, finite and >= 0.
+      step: the training step (1-based), for the events.
+
+    Returns:
+      A float64 array of shape ``(workers,)``, seconds.
+    """
+    if not _is_real(flops) or not np.isfinite(flops) or flops < 0:
+      raise ValueError(f"flops must be finite and >= 0, got {flops!r}")
+    speeds = self.speeds_at(step)
+    seconds = np.full(self.workers, np.inf)
+    alive = speeds > 0
+    seconds[alive] = float(flops) / (self.flops_per_second * speeds[alive])
+    return seconds
 
   def exchange_seconds(self, kind: str, nbytes, messages=1) -> np.ndarray:
     """Seconds to run ``messages`` collectives of ``kind`` sending ``nbytes`` in all.
