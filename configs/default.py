@@ -19,6 +19,20 @@ Other compressors and plans from the command line, e.g.:
 Fields of ``config.compressor`` other than ``name`` are the factory's keyword
 arguments; ``None`` leaves the factory's default, and a set field the chosen
 compressor does not take is ignored with a warning.
+
+Training schemes (DESIGN §5) the same way, e.g. local SGD averaging every 8
+steps, or DiLoCo with top-k 1 % pseudo-gradients:
+
+  python -m train --config configs/default.py --workdir /tmp/wd_local \
+    --config.scheme.name=local_sgd --config.scheme.every=8 \
+    --config.compressor.name=none
+  python -m train --config configs/default.py --workdir /tmp/wd_diloco \
+    --config.scheme.name=local_sgd --config.scheme.every=8 \
+    --config.scheme.outer_learning_rate=0.7 \
+    --config.compressor.name=topk --config.compressor.ratio=0.01
+
+``metrics.jsonl`` then also carries ``sim_seconds`` (the simulated clock of
+``config.cluster``) and, for a scheme, ``consensus_distance``.
 """
 
 import ml_collections
@@ -45,6 +59,45 @@ def compressor(name: str, **kwargs) -> ml_collections.ConfigDict:
   return c
 
 
+def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
+  """Scheme fields (DESIGN §5): every known keyword, unset unless given.
+
+  ``none`` is synchronous data parallelism. ``local_sgd`` takes ``every``
+  and, for DiLoCo, ``outer_learning_rate`` (Nesterov SGD with
+  ``outer_momentum``, default 0.9); its pseudo-gradients go through
+  ``config.compressor`` (``none``: the dense mean). ``easgd`` takes
+  ``alpha`` and ``every``.
+  """
+  c = ml_collections.ConfigDict()
+  c.name = name
+  for key, kind in (
+    ("every", int),
+    ("alpha", float),
+    ("outer_learning_rate", float),
+    ("outer_momentum", float),
+  ):
+    c[key] = config_dict.placeholder(kind)
+  c.update(kwargs)
+  return c
+
+
+def cluster(**kwargs) -> ml_collections.ConfigDict:
+  """The described cluster the simulated clock prices each step on (DESIGN §6).
+
+  One worker per device of the run. ``speeds``: relative compute speed per
+  worker (``None``: all 1.0); ``flops_per_second``: a speed-1.0 worker's
+  training throughput (``None``: gradcomp's 8 TFLOP/s); links: bandwidth
+  (Gbit/s) and latency (us) of a ring.
+  """
+  c = ml_collections.ConfigDict()
+  c.bandwidth_gbps = 20.0
+  c.latency_us = 25.0
+  c.flops_per_second = config_dict.placeholder(float)
+  c.speeds = config_dict.placeholder(tuple)
+  c.update(kwargs)
+  return c
+
+
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
@@ -62,6 +115,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.fusion = ml_collections.ConfigDict()
   config.fusion.plan = "auto"  # layerwise | single | auto | none
   config.fusion.search = "heuristic"  # for "auto": heuristic | optimal
+
+  config.scheme = scheme("none")  # none | local_sgd | easgd
+  config.cluster = cluster()
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.learning_rate = 0.1

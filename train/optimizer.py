@@ -1,8 +1,14 @@
-"""The optimizer of a config: compressor, LayerFusion plan, SGD, non-finite guard.
+"""The optimizer of a config: compressor, LayerFusion plan, SGD, scheme, non-finite guard.
 
-The chain is DESIGN §1's usage::
+Synchronous training (``config.scheme.name="none"``) is DESIGN §1's usage::
 
   apply_if_finite(chain(layerfusion(compressor, plan), [weight decay], sgd))
+
+A scheme (DESIGN §5) wraps the local optimizer and, where it exchanges a
+compressible tensor (local SGD's pseudo-gradients), the compressor::
+
+  apply_if_finite(local_sgd(chain([weight decay], sgd), every,
+                            compressor=layerfusion(compressor, plan), ...))
 
 The compressor is chosen by name from gradcomp's registry (STYLE 10); its
 exchange runs inside ``tx.update`` over ``axis_name``. ``apply_if_finite`` sits
@@ -14,7 +20,7 @@ every worker.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -137,6 +143,91 @@ def learning_rate(cfg, total_steps: int) -> optax.ScalarOrSchedule:
   )
 
 
+#: Training schemes by ``config.scheme.name`` (DESIGN §5); ``none`` is
+#: synchronous data parallelism.
+SCHEMES = {"local_sgd": gradcomp.local_sgd, "easgd": gradcomp.easgd}
+#: Fields of ``config.scheme`` that build ``outer`` (DiLoCo's Nesterov SGD)
+#: rather than being keywords of the factory.
+_OUTER_FIELDS = ("outer_learning_rate", "outer_momentum")
+
+
+def scheme_name(config) -> str:
+  """``config.scheme.name``; configs written before schemes existed are ``none``."""
+  scheme = config.get("scheme")
+  name = "none" if scheme is None else scheme.name
+  if name != "none" and name not in SCHEMES:
+    raise ValueError(
+      f"unknown scheme {name!r} (config.scheme.name); valid: none, {', '.join(SCHEMES)}"
+    )
+  return name
+
+
+def round_steps(config) -> Callable[[int], bool]:
+  """Which training steps (1-based) exchange: ``step -> bool``.
+
+  Synchronous training exchanges every step; local SGD after every
+  ``every``-th step; EASGD on steps ``1, 1 + every, ...`` (its count before
+  the step is a multiple of ``every``).
+  """
+  name = scheme_name(config)
+  every = config.scheme.get("every") if name != "none" else None
+  every = every or 1
+  if name == "local_sgd":
+    return lambda step: step % every == 0
+  if name == "easgd":
+    return lambda step: (step - 1) % every == 0
+  return lambda step: True
+
+
+def _scheme(config, local, compressor_tx, axis_name):
+  """``SCHEMES[name](local, ...)`` with the set fields of ``config.scheme``."""
+  name = scheme_name(config)
+  factory = SCHEMES[name]
+  cfg = config.scheme
+  kwargs = {
+    k: v
+    for k, v in cfg.items()
+    if k != "name" and k not in _OUTER_FIELDS and v is not None
+  }
+  accepted = inspect.signature(factory).parameters
+  for key in sorted(set(kwargs) - set(accepted)):
+    logging.warning(
+      "scheme %s takes no %r; ignoring config.scheme.%s=%r",
+      name,
+      key,
+      key,
+      kwargs.pop(key),
+    )
+  if cfg.get("outer_learning_rate") is not None:
+    if "outer" not in accepted:
+      raise ValueError(f"scheme {name} has no outer optimizer (config.scheme.outer_*)")
+    momentum = cfg.get("outer_momentum")
+    kwargs["outer"] = optax.sgd(
+      cfg.outer_learning_rate,
+      momentum=0.9 if momentum is None else momentum,
+      nesterov=True,
+    )
+  if "compressor" in accepted:
+    kwargs["compressor"] = compressor_tx
+  elif compressor_tx is not None:
+    logging.warning(
+      "scheme %s exchanges params densely; ignoring config.compressor.name=%r",
+      name,
+      config.compressor.name,
+    )
+  missing = [
+    p.name
+    for p in accepted.values()
+    if p.default is p.empty and p.name not in ("inner",) and p.name not in kwargs
+  ]
+  if missing:
+    raise ValueError(
+      f"scheme {name} needs config.scheme.{missing[0]} (a keyword of "
+      f"gradcomp.{name}); e.g. --config.scheme.{missing[0]}=..."
+    )
+  return factory(local, axis_name=axis_name, **kwargs)
+
+
 def create(
   config,
   order: Sequence[int],
@@ -164,7 +255,7 @@ def create(
   if plan is not None:
     inner = gradcomp.layerfusion(inner, plan)
   opt = config.optimizer
-  parts = [inner]
+  parts = []
   if opt.weight_decay:
     parts.append(optax.add_decayed_weights(opt.weight_decay))
   parts.append(
@@ -172,5 +263,27 @@ def create(
       learning_rate(opt, total_steps), momentum=opt.momentum, nesterov=opt.nesterov
     )
   )
-  tx = gradcomp.apply_if_finite(optax.chain(*parts), _NEVER_FORCE, axis_name=axis_name)
+  if scheme_name(config) == "none":
+    tx = optax.chain(inner, *parts)
+  else:
+    # The dense mean is the scheme's own default: no compressor in between.
+    pseudo = None if config.compressor.name == "none" else inner
+    tx = _scheme(config, optax.chain(*parts), pseudo, axis_name)
+  tx = gradcomp.apply_if_finite(tx, _NEVER_FORCE, axis_name=axis_name)
   return tx, plan
+
+
+def round_exchange(
+  config, axis_name: str, plan: gradcomp.Plan | None
+) -> optax.GradientTransformation:
+  """What one exchange of the run sends, as a transformation of the params' tree.
+
+  Synchronous training and local SGD: the compressor (inside LayerFusion
+  with ``plan``); EASGD (and local SGD with ``none``): the dense mean. The
+  training program reads its wire bytes from the compiled HLO to price a
+  round and to amortise the bytes per step.
+  """
+  if scheme_name(config) == "easgd" or config.compressor.name == "none":
+    return gradcomp.none(axis_name)
+  tx = compressor(config.compressor, axis_name)
+  return tx if plan is None else gradcomp.layerfusion(tx, plan)

@@ -5,8 +5,10 @@ One ``Mesh`` over all devices with axis ``"data"``; the step is
 gradient, ``tx.update`` compresses and exchanges (DESIGN §1), and every worker
 applies the same mean update.
 
-Layout. Params are replicated for synchronous algorithms (``Layout.params``
-is the one place that says so; gossip will make it per worker). Optimizer
+Layout. Params are replicated for synchronous algorithms and per worker
+(a leading worker axis sharded over ``"data"``) for a scheme whose
+workers' params differ (DESIGN §5); ``infer_layout`` learns which from the
+types, and ``Layout.params`` is the one place that says so. Optimizer
 state is split by what the types say: a leaf that ``shard_map``'s
 varying-manual-axes typing marks as varying over ``"data"`` after one update
 (error-feedback residuals, PowerSGD's Q) is genuinely per worker and carries a
@@ -67,14 +69,21 @@ class Layout:
 
   Attributes:
     mesh: the mesh, one axis ``AXIS`` over all devices.
-    params: spec of every param and model-state leaf: ``P()`` (replicated).
     per_worker: a tree over the optimizer state's leaves: ``True`` where the
       leaf carries a leading worker axis sharded over ``AXIS``.
+    params_per_worker: whether params and model state carry a leading worker
+      axis too (a scheme whose workers' params differ, DESIGN §5); otherwise
+      they are replicated.
   """
 
   mesh: Mesh
-  params: P
   per_worker: Any
+  params_per_worker: bool = False
+
+  @property
+  def params(self) -> P:
+    """Spec of every param and model-state leaf."""
+    return P(AXIS) if self.params_per_worker else P()
 
   @property
   def num_workers(self) -> int:
@@ -94,8 +103,14 @@ class Layout:
       self.per_worker,
     )
 
+  def params_to_global(self, tree):
+    """Params (or model state) of one worker repeated for every worker, if per worker."""
+    if not self.params_per_worker:
+      return tree
+    return gradcomp.add_worker_axis(tree, self.num_workers)
+
   def place(self, params, model_state, opt_state):
-    """``(params, model_state, global opt_state)`` put on the mesh."""
+    """``(global params, global model_state, global opt_state)`` put on the mesh."""
     put = lambda tree, spec: jax.device_put(tree, NamedSharding(self.mesh, spec))
     return (
       put(params, self.params),
@@ -113,11 +128,12 @@ class Layout:
     if variant == "shard_map":
       return params, model_state, opt_state
     copy = lambda x: x[None]  # Each device stacks its own replica: no traffic.
+    own_params = (lambda x: x) if self.params_per_worker else copy
 
     def stack(params, model_state, opt_state):
       return (
-        jax.tree.map(copy, params),
-        jax.tree.map(copy, model_state),
+        jax.tree.map(own_params, params),
+        jax.tree.map(own_params, model_state),
         jax.tree.map(lambda x, w: x if w else copy(x), opt_state, self.per_worker),
       )
 
@@ -135,11 +151,12 @@ class Layout:
       (params, model_state, opt_state), self.mesh, P(AXIS)
     )
     own = lambda x: x[0]  # The device's own row.
+    own_params = (lambda x: x) if self.params_per_worker else own
 
     def unstack(params, model_state, opt_state):
       return (
-        jax.tree.map(own, params),
-        jax.tree.map(own, model_state),
+        jax.tree.map(own_params, params),
+        jax.tree.map(own_params, model_state),
         jax.tree.map(lambda x, w: x if w else own(x), opt_state, self.per_worker),
       )
 
@@ -193,17 +210,40 @@ def gradient_order(model: nn.Module, params, model_state, x, y) -> list[int]:
   )
 
 
+def _as_varying(tree):
+  """Every leaf typed varying over AXIS (already varying leaves as they are)."""
+  return jax.tree.map(
+    lambda x: x if _varying(x) else jax.lax.pcast(x, AXIS, to="varying"), tree
+  )
+
+
 def _body(
-  model, tx, layout: Layout, params, model_state, opt_state, batch, *, probe=None
+  model,
+  tx,
+  layout: Layout,
+  params,
+  model_state,
+  opt_state,
+  batch,
+  *,
+  probe=None,
+  independent: bool | None = None,
 ):
-  """One worker's step; with ``probe``, records which new state is varying."""
+  """One worker's step; with ``probe``, records which new state is varying.
+
+  ``independent``: whether workers' params differ (default: the layout's
+  ``params_per_worker``; pmap, whose layout has no worker axes, passes it).
+  """
+  independent = layout.params_per_worker if independent is None else independent
   x, y = batch
   per_worker = layout.per_worker
   opt_state = _drop(opt_state, per_worker)
+  if layout.params_per_worker:
+    params, model_state = jax.tree.map(lambda a: a[0], (params, model_state))
   # Differentiate a per-worker copy: the gradient of replicated params comes
   # back already summed over workers (psum is pvary's transpose).
-  local = jax.lax.pcast(params, AXIS, to="varying")
-  local_state = jax.lax.pcast(model_state, AXIS, to="varying")
+  local = _as_varying(params)
+  local_state = _as_varying(model_state)
   grad_fn = jax.value_and_grad(
     functools.partial(loss_fn, model, train=True), has_aux=True
   )
@@ -212,30 +252,42 @@ def _body(
   # poisons the local gradient, so the agreed skip of apply_if_finite covers it.
   grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
   updates, new_opt_state = tx.update(grads, opt_state, params)
-  if probe is not None:
-    probe.append(jax.tree.map(_varying, new_opt_state))
-  applied = new_opt_state.last_finite
   new_params = optax.apply_updates(params, updates)
-  # Batch statistics are averaged over workers (synchronous BN), and kept
-  # when the step is skipped.
+  if probe is not None:
+    probe.append(
+      (
+        jax.tree.map(_varying, new_opt_state),
+        any(_varying(p) for p in jax.tree.leaves(new_params)),
+      )
+    )
+  applied = new_opt_state.last_finite
+  # Synchronous training averages batch statistics over workers (synchronous
+  # BN); a scheme's workers keep their own, as they keep their params. Both
+  # are kept when the step is skipped.
+  if not independent:
+    new_model_state = jax.lax.pmean(new_model_state, AXIS)
   new_model_state = jax.tree.map(
-    lambda new, old: jnp.where(applied, new, old),
-    jax.lax.pmean(new_model_state, AXIS),
-    model_state,
+    lambda new, old: jnp.where(applied, new, old), new_model_state, model_state
   )
   # One small all-reduce for every logged per-worker scalar.
-  loss, accuracy, grad_sq = jax.lax.pmean(
-    jnp.stack([loss, accuracy, optax.tree.norm(grads, squared=True)]), AXIS
-  )
+  logged = [loss, accuracy, optax.tree.norm(grads, squared=True)]
+  if independent:
+    logged.append(optax.tree.norm(updates, squared=True))
+  means = jax.lax.pmean(jnp.stack(logged), AXIS)
+  update_sq = means[3] if independent else optax.tree.norm(updates, squared=True)
   metrics = {
-    "loss": loss,
-    "accuracy": accuracy,
-    "l2_grads": jnp.sqrt(grad_sq),
-    "l2_updates": optax.tree.norm(updates),
+    "loss": means[0],
+    "accuracy": means[1],
+    "l2_grads": jnp.sqrt(means[2]),
+    "l2_updates": jnp.sqrt(update_sq),  # The root mean square over workers.
     "skipped": ~applied,
     "consecutive_nonfinite": new_opt_state.notfinite_count,
     "nonfinite_steps": new_opt_state.total_notfinite,
   }
+  if layout.params_per_worker:
+    new_params, new_model_state = jax.tree.map(
+      lambda a: a[None], (new_params, new_model_state)
+    )
   return new_params, new_model_state, _add(new_opt_state, per_worker), metrics
 
 
@@ -247,6 +299,8 @@ def infer_layout(
   Traces the step (no compile, no run) with a candidate set of per-worker
   leaves, starting from none, and adds every leaf that comes out varying until
   nothing changes (a leaf can turn varying only because another one did).
+  Params come out varying under a scheme whose workers' params differ
+  (DESIGN §5): then params and model state are per worker too.
 
   Args:
     model: the flax module.
@@ -258,8 +312,9 @@ def infer_layout(
     batch: one global batch (arrays or ``jax.ShapeDtypeStruct``).
   """
   per_worker = jax.tree.map(lambda _: False, opt_state)
-  for _ in range(len(jax.tree.leaves(opt_state)) + 1):
-    layout = Layout(mesh, P(), per_worker)
+  params_per_worker = False
+  for _ in range(len(jax.tree.leaves(opt_state)) + 2):
+    layout = Layout(mesh, per_worker, params_per_worker)
     found = []
 
     def probe(params, model_state, opt_state, batch, layout=layout, found=found):
@@ -273,9 +328,14 @@ def infer_layout(
       shardings,
     )
     full = lambda spec: NamedSharding(mesh, spec)
+    global_params, global_model_state = jax.eval_shape(
+      lambda: layout.params_to_global((params, model_state))
+    )
     args = (
-      abstract(params, jax.tree.map(lambda _: full(P()), params)),
-      abstract(model_state, jax.tree.map(lambda _: full(P()), model_state)),
+      abstract(global_params, jax.tree.map(lambda _: full(layout.params), params)),
+      abstract(
+        global_model_state, jax.tree.map(lambda _: full(layout.params), model_state)
+      ),
       abstract(jax.eval_shape(lambda: state), layout.shardings(layout.opt_specs())),
       abstract(batch, jax.tree.map(lambda _: full(P(AXIS)), batch)),
     )
@@ -283,15 +343,17 @@ def infer_layout(
       jax.shard_map(
         probe,
         mesh=mesh,
-        in_specs=(P(), P(), layout.opt_specs(), P(AXIS)),
+        in_specs=(layout.params, layout.params, layout.opt_specs(), P(AXIS)),
         out_specs=P(),
       ),
       *args,
     )
-    grown = jax.tree.map(lambda a, b: a or b, per_worker, found[0])
-    if grown == per_worker:
+    found_opt, found_params = found[0]
+    grown = jax.tree.map(lambda a, b: a or b, per_worker, found_opt)
+    grown_params = params_per_worker or found_params
+    if grown == per_worker and grown_params == params_per_worker:
       return layout
-    per_worker = grown
+    per_worker, params_per_worker = grown, grown_params
   raise AssertionError("unreachable: the per-worker set grows at most once per leaf")
 
 
@@ -320,10 +382,14 @@ def make_train_step(model, tx, layout: Layout, variant: str = "shard_map") -> Ca
   if variant == "pmap":
     # pmap itself strips and restores the leading device axis of every leaf.
     per_device = dataclasses.replace(
-      layout, per_worker=jax.tree.map(lambda _: False, layout.per_worker)
+      layout,
+      per_worker=jax.tree.map(lambda _: False, layout.per_worker),
+      params_per_worker=False,
     )
     return _pmap(
-      functools.partial(_body, model, tx, per_device),
+      functools.partial(
+        _body, model, tx, per_device, independent=layout.params_per_worker
+      ),
       layout,
       out_axes=(0, 0, 0, None),
       donate_argnums=(0, 1, 2),
@@ -366,6 +432,63 @@ def make_eval_step(model, layout: Layout, variant: str = "shard_map") -> Callabl
       out_specs=P(),
     )
   )
+
+
+def make_worker_eval_step(model, layout: Layout) -> Callable:
+  """``eval(params, model_state, x, y, w) -> (workers, 3)`` sums, each worker its own model.
+
+  For per-worker params (``shard_map`` layout, leading worker axis): every
+  worker evaluates its own params on the whole (replicated) batch, so one
+  pass gives each worker's loss and accuracy sums.
+  """
+
+  def evaluate(params, model_state, x, y, w):
+    params, model_state = jax.tree.map(lambda a: a[0], (params, model_state))
+    logits = model.apply({"params": params, **model_state}, x, train=False)
+    loss, correct = cross_entropy(logits, y)
+    w = jnp.broadcast_to(w.reshape(w.shape + (1,) * (loss.ndim - 1)), loss.shape)
+    return jnp.stack([jnp.sum(loss * w), jnp.sum(correct * w), jnp.sum(w)])[None]
+
+  return jax.jit(
+    jax.shard_map(
+      evaluate,
+      mesh=layout.mesh,
+      in_specs=(P(AXIS), P(AXIS), P(), P(), P()),
+      out_specs=P(AXIS),
+    )
+  )
+
+
+def make_averager(layout: Layout) -> Callable:
+  """``average(tree)``: the workers' average of per-worker leaves, replicated.
+
+  Float leaves (leading worker axis) are averaged in float32; integer leaves
+  (counters) are equal on every worker and taken from worker 0.
+  """
+
+  def mean(x):
+    if jnp.issubdtype(x.dtype, jnp.floating):
+      return jnp.mean(x.astype(jnp.float32), axis=0).astype(x.dtype)
+    return x[0]
+
+  return jax.jit(
+    lambda tree: jax.tree.map(mean, tree),
+    out_shardings=NamedSharding(layout.mesh, P()),
+  )
+
+
+@jax.jit
+def consensus_distance(params) -> jax.Array:
+  """``mean_w ||x_w - mean_v x_v||^2`` over per-worker params (leading worker axis).
+
+  The mean squared distance of the workers' params from their average, summed
+  over leaves: 0 when every worker holds the same params.
+  """
+  total = jnp.zeros((), jnp.float32)
+  for x in jax.tree.leaves(params):
+    x = x.astype(jnp.float32)
+    total = total + jnp.sum(jnp.square(x - jnp.mean(x, axis=0))) / x.shape[0]
+  return total
 
 
 def shard_batch(mesh: Mesh, local: tuple[np.ndarray, ...], variant: str = "shard_map"):

@@ -10,6 +10,7 @@ the end.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -24,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 import gradcomp
 from gradcomp.models import zoo as models
+from gradcomp.parallel import wire, workers
 from train import checkpoint as checkpoint_lib
 from train import data as data_lib
 from train import logs
@@ -119,6 +121,118 @@ def evaluate(
   return {"eval_loss": float(loss / seen), "eval_accuracy": float(correct / seen)}
 
 
+def evaluate_workers(
+  worker_eval, mesh, params, model_state, x, y, batch_size: int = 512
+) -> dict[str, float]:
+  """Every worker's own model on all of ``(x, y)``: mean and worst accuracy.
+
+  ``params`` and ``model_state`` carry a leading worker axis; the batches are
+  replicated, so each worker evaluates the whole set with its own params.
+  """
+  n = len(y)
+  replicated = NamedSharding(mesh, P())
+  put = lambda a: jax.make_array_from_process_local_data(replicated, a)
+  totals = 0.0
+  for start in range(0, n, batch_size):
+    rows = np.arange(start, start + batch_size)
+    weights = (rows < n).astype(np.float32)
+    rows = np.minimum(rows, n - 1)
+    totals = totals + worker_eval(
+      params, model_state, put(x[rows]), put(y[rows]), put(weights)
+    )
+  loss, correct, seen = np.asarray(totals).T
+  accuracy = correct / seen
+  return {
+    "eval_worker_loss_mean": float(np.mean(loss / seen)),
+    "eval_worker_accuracy_mean": float(np.mean(accuracy)),
+    "eval_worker_accuracy_min": float(np.min(accuracy)),
+  }
+
+
+def _round_wire(round_tx, mesh, params) -> dict[str, int]:
+  """Bytes per collective kind of one exchange round, from its compiled HLO.
+
+  ``round_tx`` runs on the params' tree (per-worker values, as the
+  pseudo-gradients or params a round sends), under ``shard_map`` on the mesh.
+  """
+  sharded = NamedSharding(mesh, P(step_lib.AXIS))
+  like = lambda tree: jax.tree.map(
+    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharded), tree
+  )
+  one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), params)
+  state = jax.eval_shape(
+    lambda: gradcomp.add_worker_axis(round_tx.init(one), mesh.size)
+  )
+  update = jax.jit(workers.sharded_update(round_tx, mesh, step_lib.AXIS))
+  text = update.lower(like(params), like(state)).compile().as_text()
+  return wire.collective_bytes(text)
+
+
+def _amortised_bytes(step_wire, round_wire, is_round, num_steps: int) -> float:
+  """Bytes per step over the run: every step's own collectives, plus the
+  round's on the steps that have one.
+
+  A step's compiled HLO holds the round's collectives once (inside the
+  conditional that runs them), beside the every-step ones (the finite-step
+  agreement, logged means).
+  """
+  per_step = sum(step_wire.values()) - sum(round_wire.values())
+  rounds = sum(is_round(s) for s in range(1, num_steps + 1))
+  return per_step + sum(round_wire.values()) * rounds / max(num_steps, 1)
+
+
+class _Clock:
+  """The simulated clock of ``config.cluster`` (DESIGN §6), one tick per step.
+
+  Every step each worker computes its FLOPs at its described speed; a step
+  with an exchange round waits for the slowest worker, then prices the
+  round's collectives on the described links. Deterministic, so a resumed
+  run replays its steps instead of checkpointing the clock.
+  """
+
+  def __init__(self, clock, is_round, exchange_seconds: float):
+    self._clock, self._is_round = clock, is_round
+    self._exchange = float(exchange_seconds)
+    self._seconds: dict[int, float] = {0: 0.0}
+
+  def advance(self, step: int) -> float:
+    barrier = self._is_round(step)
+    self._seconds[step] = self._clock.step(
+      step, barrier=barrier, exchange_seconds=self._exchange if barrier else 0.0
+    )
+    return self._seconds[step]
+
+  def seconds_at(self, step: int) -> float | None:
+    seconds = self._seconds.get(step)
+    return None if seconds is None or not math.isfinite(seconds) else seconds
+
+
+def cluster_of(config, workers: int) -> gradcomp.Cluster:
+  """The described cluster of ``config.cluster`` (defaults: homogeneous, 20 Gbps)."""
+  cfg = config.get("cluster") or {}
+  kwargs = {k: v for k, v in dict(cfg).items() if v is not None}
+  if "speeds" in kwargs:
+    kwargs["speeds"] = tuple(float(v) for v in kwargs["speeds"])
+  try:
+    return gradcomp.Cluster(workers, **kwargs)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.cluster: {e}") from e
+
+
+def _clock(config, model, ds, workers: int, round_wire, is_round, start: int) -> _Clock:
+  cluster = cluster_of(config, workers)
+  sample = jax.ShapeDtypeStruct((1, *ds.input_shape), ds.x_train.dtype)
+  flops = gradcomp.training_flops(
+    gradcomp.forward_flops_per_sample(model, sample),
+    config.global_batch_size // workers,
+  )
+  exchange = cluster.comm_seconds({k: (b, 1) for k, b in round_wire.items() if b})
+  clock = _Clock(gradcomp.SimClock(cluster, flops), is_round, float(exchange))
+  for step in range(1, start + 1):  # A resumed run replays the clock.
+    clock.advance(step)
+  return clock
+
+
 def _write_run_files(workdir: Path, config, plan) -> None:
   (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2) + "\n")
   if isinstance(plan, gradcomp.Plan):
@@ -190,7 +304,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     model, tx, mesh, params, model_state, opt_state, batch_like
   )
   params, model_state, opt_state = layout.place(
-    params, model_state, layout.to_global(opt_state)
+    *layout.params_to_global((params, model_state)), layout.to_global(opt_state)
   )
   replicated = NamedSharding(mesh, P())
   state = {
@@ -213,6 +327,11 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
 
   train_step = step_lib.make_train_step(model, tx, layout, variant)
   eval_step = step_lib.make_eval_step(model, layout, variant)
+  if layout.params_per_worker:  # The average model, and every worker's own.
+    replicated_layout = dataclasses.replace(layout, params_per_worker=False)
+    average_eval = step_lib.make_eval_step(model, replicated_layout)
+    worker_eval = step_lib.make_worker_eval_step(model, layout)
+    averager = step_lib.make_averager(layout)
   eval_batch = -(-config.eval_batch_size // mesh.size) * mesh.size
   train_iter = data_lib.batches(
     ds.x_train,
@@ -228,13 +347,26 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     variant, state["params"], state["model_state"], state["opt_state"]
   )
   example = step_lib.example_batch(mesh, batch_like, variant)
-  wire_bytes = gradcomp.wire_bytes(train_step, params, model_state, opt_state, example)
+  step_wire = wire.collective_bytes(
+    train_step.lower(params, model_state, opt_state, example).compile().as_text()
+  )
+  is_round = optimizer_lib.round_steps(config)
+  scheme = optimizer_lib.scheme_name(config)
+  if scheme == "none":  # Every step is an exchange round.
+    round_wire, wire_bytes = step_wire, sum(step_wire.values())
+  else:
+    round_wire = _round_wire(
+      optimizer_lib.round_exchange(config, step_lib.AXIS, plan), mesh, state["params"]
+    )
+    wire_bytes = _amortised_bytes(step_wire, round_wire, is_round, num_steps)
+  clock = _clock(config, model, ds, mesh.size, round_wire, is_round, start)
   writer = logs.MetricWriter(workdir, resume_step=start, enabled=lead)
   progress = logs.Progress(num_steps, enabled=lead)
   progress.message(
     f"{config.model.name} on {ds.name}, {mesh.size} workers "
     f"({jax.devices()[0].platform}), compressor {config.compressor.name}, "
-    f"plan {config.fusion.plan}: {wire_bytes:,} bytes sent per step per worker; "
+    f"plan {config.fusion.plan}, scheme {scheme}: {wire_bytes:,.0f} bytes sent per "
+    f"step per worker ({sum(round_wire.values()):,} per exchange round); "
     f"steps {start} -> {num_steps}"
     + (" (resumed from its checkpoint)" if start else "")
   )
@@ -274,10 +406,15 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       else None,
       "samples_per_sec": steps_per_sec * batch_size,
       "wire_bytes_per_step": wire_bytes,
+      "sim_seconds": clock.seconds_at(step),
       "l2_grads": m["l2_grads"],
       "l2_updates": m["l2_updates"],
       "nonfinite_steps": m["nonfinite_steps"],
     }
+    if layout.params_per_worker:
+      row["consensus_distance"] = float(
+        step_lib.consensus_distance(per_worker_params()[0])
+      )
     writer.write(step, **row)
     progress.update(step, loss, row["samples_per_sec"], steps_per_sec)
     window.update(losses=[], accuracies=[], t0=now, s0=step)
@@ -297,20 +434,36 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       },
     )
 
+  def per_worker_params():
+    """Params and model state in the shard_map layout (leading worker axis)."""
+    return layout.from_variant(variant, params, model_state, opt_state)[:2]
+
   def run_eval(step: int) -> None:
-    last.update(
-      evaluate(
-        eval_step,
-        mesh,
-        params,
-        model_state,
-        ds.x_test,
-        ds.y_test,
-        eval_batch,
-        variant,
+    if layout.params_per_worker:
+      worker_params, worker_state = per_worker_params()
+      average = averager((worker_params, worker_state))
+      last.update(
+        evaluate(average_eval, mesh, *average, ds.x_test, ds.y_test, eval_batch)
       )
-    )
-    writer.write(step, **last)
+      last.update(
+        evaluate_workers(
+          worker_eval, mesh, worker_params, worker_state, ds.x_test, ds.y_test
+        )
+      )
+    else:
+      last.update(
+        evaluate(
+          eval_step,
+          mesh,
+          params,
+          model_state,
+          ds.x_test,
+          ds.y_test,
+          eval_batch,
+          variant,
+        )
+      )
+    writer.write(step, sim_seconds=clock.seconds_at(step), **last)
     progress.message(
       f"eval at step {step}: loss {last['eval_loss']:.4f}, "
       f"accuracy {last['eval_accuracy']:.4f}"
@@ -331,6 +484,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       params, model_state, opt_state, metrics = train_step(
         params, model_state, opt_state, batch
       )
+      clock.advance(step)
       if profiled and step == profiled[-1]:
         jax.block_until_ready(metrics)
         jax.profiler.stop_trace()
