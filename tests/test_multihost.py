@@ -69,7 +69,17 @@ def write_plan(workdir, features) -> gradcomp.Plan:
   return plan
 
 
-def start_processes(workdir, logdir):
+# Local SGD with top-k pseudo-gradients: per-worker params, anchors and
+# residuals split between the processes (DESIGN §5), a round every 3 steps.
+SCHEME = {
+  "scheme.name": "local_sgd",
+  "scheme.every": 3,
+  "scheme.outer_learning_rate": 0.7,
+  "compressor.name": "topk",
+}
+
+
+def start_processes(workdir, logdir, overrides=OVERRIDES):
   port = free_port()
   env = {"JAX_PLATFORMS": "cpu", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
   procs = []
@@ -83,7 +93,7 @@ def start_processes(workdir, logdir):
     log = open(logdir / f"process{index}.log", "wb")  # noqa: SIM115
     procs.append(
       subprocess.Popen(
-        command_line(workdir, **OVERRIDES) + flags,
+        command_line(workdir, **overrides) + flags,
         cwd=ROOT,
         env={**os.environ, **env},
         stdout=log,
@@ -120,16 +130,18 @@ def wait_all(procs, logdir):
     pytest.fail(f"multi-process run failed or hung ({TIMEOUT_S} s):\n{tails}")
 
 
-def test_two_processes_train_as_one(tmp_path):
+@pytest.mark.parametrize("scheme", [{}, SCHEME], ids=["synchronous", "local_sgd"])
+def test_two_processes_train_as_one(tmp_path, scheme):
   if reason := gloo_missing():
     pytest.skip(reason)
-  config = tiny_config(**OVERRIDES)
+  overrides = {**OVERRIDES, **scheme}
+  config = tiny_config(**overrides)
   multi, single = tmp_path / "multi", tmp_path / "single"
   plan = write_plan(multi, config.model.features)
   single.mkdir()
   (single / train.PLAN_FILE).write_text(plan.to_json())
 
-  procs = start_processes(multi, tmp_path)
+  procs = start_processes(multi, tmp_path, overrides)
   try:
     # The reference trains here while the two processes start up.
     reference = train.train_and_evaluate(config, single)

@@ -29,6 +29,8 @@ from gradcomp.models import zoo as models
 from train import data, launch, logs, train
 from train import step as step_lib
 
+import harness
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # A tiny run: short enough for a test, long enough (~1 s of steps) that a
@@ -115,6 +117,60 @@ def test_metrics_and_run_files(tiny_run):
   assert all("out" in names[i] for i in plan.order[:2]), (names, plan.order)
 
 
+# DiLoCo with top-k pseudo-gradients, a round every 7 steps: 240 = 34 * 7 + 2,
+# so the run ends two local steps after its last round.
+SCHEME = {
+  "scheme.name": "local_sgd",
+  "scheme.every": 7,
+  "scheme.outer_learning_rate": 0.7,
+  "compressor.name": "topk",
+}
+
+
+@pytest.fixture(scope="module")
+def scheme_run(tmp_path_factory):
+  """The tiny config under local SGD (DiLoCo, top-k), trained once for the module."""
+  workdir = tmp_path_factory.mktemp("scheme")
+  return workdir, train.train_and_evaluate(tiny_config(**SCHEME), workdir)
+
+
+def test_scheme_params_are_per_worker(scheme_run):
+  workdir, result = scheme_run
+  workers = jax.device_count()
+  params = leaves(result.state["params"])
+  assert all(p.shape[0] == workers for p in params)
+  # Two local steps after the round: the workers differ, by little.
+  assert not np.array_equal(params[0][0], params[0][1])
+  local_sgd = result.state["opt_state"].inner_state
+  # The anchor is agreed, so the layout keeps it replicated: no worker axis.
+  anchors = leaves(local_sgd.anchor)
+  assert [a.shape for a in anchors] == [p.shape[1:] for p in params]
+  rows = logs.read_metrics(workdir / "metrics.jsonl")
+  train_rows = [r for r in rows if "loss" in r]
+  distance = [r["consensus_distance"] for r in train_rows]
+  assert all(d >= 0 for d in distance) and max(distance) > 0
+  # 40 = 5 * 7 + 5 local steps since the round: the distance of step 40 is
+  # not a round's, which is zero up to the rounding of params + (anchor - params).
+  assert distance[0] > 1e-9
+  seconds = [r["sim_seconds"] for r in train_rows]
+  assert seconds == sorted(seconds) and seconds[0] > 0
+  evals = [r for r in rows if "eval_accuracy" in r]
+  last = evals[-1]
+  assert last["eval_worker_accuracy_min"] <= last["eval_worker_accuracy_mean"] <= 1
+  assert last["eval_accuracy"] > 0.5  # It learned (10 classes).
+
+
+def test_scheme_pmap_matches_shard_map(tmp_path):
+  overrides = {**SCHEME, "num_train_steps": 10, "eval_every_steps": 10}
+  by_shard_map = train.train_and_evaluate(tiny_config(**overrides), tmp_path / "s")
+  by_pmap = train.train_and_evaluate(
+    tiny_config(**overrides, step="pmap"), tmp_path / "p"
+  )
+  # The same program per worker; only the order of the all-reduced sums may
+  # differ (see test_multihost's bound).
+  harness.assert_states_close(by_pmap.state, by_shard_map.state, rel=1e-5)
+
+
 def test_residuals_are_per_worker_and_momentum_replicated(tiny_run):
   _, result = tiny_run
   opt_state = result.state["opt_state"]
@@ -127,9 +183,15 @@ def test_residuals_are_per_worker_and_momentum_replicated(tiny_run):
   assert jax.tree.map(jnp.shape, trace.trace) == jax.tree.map(jnp.shape, params)
 
 
-def test_none_equals_single_device_full_batch_sgd(tmp_path):
+@pytest.mark.parametrize(
+  "scheme",
+  [{}, {"scheme.name": "local_sgd", "scheme.every": 1}],
+  ids=["none", "local_sgd_every_1"],
+)
+def test_none_equals_single_device_full_batch_sgd(tmp_path, scheme):
+  """Synchronous SGD, and local SGD averaging every step (DESIGN §5's reduction)."""
   steps, lr = 30, 0.1
-  config = tiny_config(num_train_steps=steps, eval_every_steps=steps)
+  config = tiny_config(num_train_steps=steps, eval_every_steps=steps, **scheme)
   config.compressor.name = "none"
   config.compressor.ratio = None
   result = train.train_and_evaluate(config, tmp_path)
@@ -154,7 +216,11 @@ def test_none_equals_single_device_full_batch_sgd(tmp_path):
   it = data.batches(ds.x_train, ds.y_train, config.global_batch_size, config.seed)
   for _ in range(steps):
     params, state = step(params, state, *next(it))
-  for got, want in zip(leaves(result.state["params"]), leaves(params), strict=True):
+  got_params = result.state["params"]
+  if scheme:  # Per-worker params, every worker the same.
+    harness.assert_same_on_workers(jax.tree.map(np.asarray, got_params))
+    got_params = jax.tree.map(lambda p: np.asarray(p)[0], got_params)
+  for got, want in zip(leaves(got_params), leaves(params), strict=True):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
@@ -169,10 +235,11 @@ def _final_state(workdir, like):
     ckpt.close()
 
 
-def test_sigkill_then_resume_is_bit_exact(tiny_run, tmp_path):
-  reference_dir, reference = tiny_run
+@pytest.mark.parametrize("run", ["tiny_run", "scheme_run"])
+def test_sigkill_then_resume_is_bit_exact(run, request, tmp_path):
+  reference_dir, reference = request.getfixturevalue(run)
   env = {**os.environ, "JAX_PLATFORMS": "cpu", launch.ENV_CPU_DEVICES: "8"}
-  cmd = command_line(tmp_path)
+  cmd = command_line(tmp_path, **(SCHEME if run == "scheme_run" else {}))
   proc = subprocess.Popen(
     cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
   )
@@ -201,6 +268,11 @@ def test_sigkill_then_resume_is_bit_exact(tiny_run, tmp_path):
   # The resumed run rewrote the rows past its checkpoint: one per step.
   rows = [r for r in logs.read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
   assert [r["step"] for r in rows] == list(range(40, 241, 40))
+  # The simulated clock continues where it was: replayed, not restarted.
+  want_rows = [
+    r for r in logs.read_metrics(reference_dir / "metrics.jsonl") if "loss" in r
+  ]
+  assert [r["sim_seconds"] for r in rows] == [r["sim_seconds"] for r in want_rows]
 
 
 def poisoned_digits(rows):

@@ -447,14 +447,16 @@ def make_worker_eval_step(model, layout: Layout) -> Callable:
     logits = model.apply({"params": params, **model_state}, x, train=False)
     loss, correct = cross_entropy(logits, y)
     w = jnp.broadcast_to(w.reshape(w.shape + (1,) * (loss.ndim - 1)), loss.shape)
-    return jnp.stack([jnp.sum(loss * w), jnp.sum(correct * w), jnp.sum(w)])[None]
+    sums = jnp.stack([jnp.sum(loss * w), jnp.sum(correct * w), jnp.sum(w)])
+    # Gathered, so every process can read every worker's sums.
+    return jax.lax.all_gather(sums, AXIS, to="invarying")
 
   return jax.jit(
     jax.shard_map(
       evaluate,
       mesh=layout.mesh,
       in_specs=(P(AXIS), P(AXIS), P(), P(), P()),
-      out_specs=P(AXIS),
+      out_specs=P(),
     )
   )
 
