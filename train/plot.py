@@ -1,8 +1,11 @@
 """``python -m train.plot WORKDIR [WORKDIR ...] [--out PATH.png]``: learning curves.
 
-Reads each workdir's ``metrics.jsonl`` and draws one 2x2 figure: training loss
-and eval accuracy, each against the step and against the seconds of training
-(``logs.elapsed_seconds``: summed over resumes, compiles included). One line per
+Reads each workdir's ``metrics.jsonl`` and draws one 2x3 figure: training loss
+and eval accuracy, each against the step, against the seconds of training
+(``logs.elapsed_seconds``: summed over resumes, compiles included) and against
+the simulated clock of the run's described cluster (``sim_seconds``, DESIGN
+§6: the model's FLOPs at the described speeds plus the priced exchanges, not
+this machine's time; runs logged before it existed leave that panel empty). One line per
 run, labelled by its workdir's name. Written to ``WORKDIR0/curves.png`` unless
 ``--out`` says otherwise, e.g. to compare compressors:
 
@@ -63,9 +66,9 @@ def plot(workdirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
 
   # A bare Figure on the Agg canvas: no pyplot, so no global figure state and
   # no GUI backend is ever chosen.
-  fig = Figure(figsize=(11, 7.5), layout="constrained")
+  fig = Figure(figsize=(15, 7.5), layout="constrained")
   FigureCanvasAgg(fig)
-  axes = fig.subplots(2, 2)
+  axes = fig.subplots(2, 3)
   for (name, rows), seconds in zip(runs, elapsed, strict=True):
     for row_axes, key in zip(axes, ("loss", "eval_accuracy"), strict=True):
       picked = [
@@ -75,9 +78,17 @@ def plot(workdirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
       style = {"label": name, "marker": ".", "markersize": 4}  # A lone eval shows.
       row_axes[0].plot([r["step"] for r, _ in picked], values, **style)
       row_axes[1].plot([t / scale for _, t in picked], values, **style)
+      simulated = [
+        (r["sim_seconds"], r[key])
+        for r, _ in picked
+        if r.get("sim_seconds") is not None
+      ]
+      if simulated:
+        row_axes[2].plot(*zip(*simulated, strict=True), **style)
   for row_axes, ylabel in zip(axes, ("training loss", "eval accuracy"), strict=True):
     row_axes[0].set_xlabel("step")
     row_axes[1].set_xlabel(f"wall time ({unit} of training)")
+    row_axes[2].set_xlabel("simulated seconds on the described cluster")
     for ax in row_axes:
       ax.set_ylabel(ylabel)
       ax.grid(alpha=0.3)
