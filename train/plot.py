@@ -5,8 +5,8 @@ and eval accuracy, each against the step, against the seconds of training
 (``logs.elapsed_seconds``: summed over resumes, compiles included) and against
 the simulated clock of the run's described cluster (``sim_seconds``, DESIGN
 §6: the model's FLOPs at the described speeds plus the priced exchanges, not
-this machine's time; runs logged before it existed leave that panel empty). One line per
-run, labelled by its workdir's name. Written to ``WORKDIR0/curves.png`` unless
+this machine's time; runs logged before it existed leave that panel
+empty). One line per run, labelled by its workdir's name. Written to ``WORKDIR0/curves.png`` unless
 ``--out`` says otherwise, e.g. to compare compressors:
 
   python -m train.plot /tmp/wd_default /tmp/wd_topk --out /tmp/curves.png
@@ -70,6 +70,10 @@ def plot(workdirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
   FigureCanvasAgg(fig)
   axes = fig.subplots(2, 3)
   for (name, rows), seconds in zip(runs, elapsed, strict=True):
+    # An eval row's step shares the training row's simulated time.
+    sim = {
+      r["step"]: r["sim_seconds"] for r in rows if r.get("sim_seconds") is not None
+    }
     for row_axes, key in zip(axes, ("loss", "eval_accuracy"), strict=True):
       picked = [
         (r, t) for r, t in zip(rows, seconds, strict=True) if r.get(key) is not None
@@ -79,9 +83,7 @@ def plot(workdirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
       row_axes[0].plot([r["step"] for r, _ in picked], values, **style)
       row_axes[1].plot([t / scale for _, t in picked], values, **style)
       simulated = [
-        (r["sim_seconds"], r[key])
-        for r, _ in picked
-        if r.get("sim_seconds") is not None
+        (sim[r["step"]], r[key]) for r, _ in picked if sim.get(r["step"]) is not None
       ]
       if simulated:
         row_axes[2].plot(*zip(*simulated, strict=True), **style)

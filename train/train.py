@@ -463,7 +463,10 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
           variant,
         )
       )
-    writer.write(step, sim_seconds=clock.seconds_at(step), **last)
+    # The simulated time of the step, unless its training row carries it.
+    logged = step % config.log_every_steps == 0 or step == num_steps
+    extra = {} if logged else {"sim_seconds": clock.seconds_at(step)}
+    writer.write(step, **extra, **last)
     progress.message(
       f"eval at step {step}: loss {last['eval_loss']:.4f}, "
       f"accuracy {last['eval_accuracy']:.4f}"

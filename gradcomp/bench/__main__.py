@@ -11,14 +11,16 @@ Example::
   python -m gradcomp.bench step --compressors none,topk,sketch_topk --plans layerwise,single,auto
   python -m gradcomp.bench convergence --seeds 3
   python -m gradcomp.bench scaling --sources paper
+  python -m gradcomp.bench schemes --seeds 3
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 
-from gradcomp.bench import compress, sketch
+from gradcomp.bench import compress, schemes, sketch
 from gradcomp.models import shapes
 
 
@@ -111,6 +113,40 @@ def _convergence(args: argparse.Namespace) -> None:
     throughput_steps=args.throughput_steps,
     throughput_methods=[convergence.METHODS[x] for x in resnet] if resnet else None,
     out_dir=args.out,
+  )
+
+
+def _schemes(args: argparse.Namespace) -> None:
+  import jax
+  from absl import logging
+
+  labels = [x for x in args.methods.split(",") if x]
+  unknown = sorted(set(labels) - set(schemes.METHODS))
+  if unknown or not labels:
+    raise SystemExit(
+      f"python -m gradcomp.bench schemes: error: unknown --methods {unknown}; "
+      f"known: {', '.join(schemes.METHODS)}"
+    )
+  for name in ("seeds", "steps", "eval_every"):
+    if getattr(args, name) < 1:
+      flag = "--" + name.replace("_", "-")
+      raise SystemExit(
+        f"python -m gradcomp.bench schemes: error: {flag} must be >= 1, "
+        f"got {getattr(args, name)}"
+      )
+  # Before any computation: virtual CPU devices must be configured first.
+  jax.config.update("jax_num_cpu_devices", schemes.WORKERS)
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
+  run_shape = (args.seeds, args.steps, args.eval_every)
+  defaults = labels == list(schemes.DEFAULT_METHODS) and run_shape == (3, 600, 100)
+  docs = Path(__file__).resolve().parents[2] / "docs"
+  schemes.run(
+    methods=[schemes.METHODS[x] for x in labels],
+    seeds=args.seeds,
+    steps=args.steps,
+    eval_every=args.eval_every,
+    out_dir=args.out,
+    docs_png=docs / "schemes.png" if (args.docs or defaults) else None,
   )
 
 
@@ -247,6 +283,27 @@ def main(argv: Sequence[str] | None = None) -> None:
   cv.add_argument("--devices", type=int, default=8, help="virtual CPU devices")
   cv.add_argument("--out", default="bench_out/", help="directory for convergence.*")
   cv.set_defaults(func=_convergence)
+  sm = suites.add_parser(
+    "schemes",
+    help="sync, local SGD, DiLoCo (dense, top-k, signSGD) and EASGD on digits: "
+    "accuracy, bytes/step, simulated time on two described clusters",
+  )
+  sm.add_argument(
+    "--methods",
+    default=",".join(schemes.DEFAULT_METHODS),
+    help="comma-separated labels (also: diloco_ef_signsgd)",
+  )
+  sm.add_argument("--seeds", type=int, default=3, help="runs per method")
+  sm.add_argument("--steps", type=int, default=600, help="steps per run")
+  sm.add_argument("--eval-every", type=int, default=100, help="eval interval")
+  sm.add_argument(
+    "--docs",
+    action="store_true",
+    help="copy schemes.png to docs/ (default: only with the default methods, "
+    "seeds, steps and eval interval)",
+  )
+  sm.add_argument("--out", default="bench_out/", help="directory for schemes.*")
+  sm.set_defaults(func=_schemes)
   st = suites.add_parser(
     "step",
     help="ResNet-20 train step on virtual devices per compressor and plan: "

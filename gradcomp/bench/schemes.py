@@ -1,0 +1,749 @@
+"""Training schemes: accuracy, bytes and simulated time (issue 12, DESIGN §5-6).
+
+Every run is the real training program, ``train.train.train_and_evaluate``, on
+``configs/default.py`` (MLP on scikit-learn digits, 8 workers, 600 steps of
+128, inner optimizer SGD lr 0.1 momentum 0.9) with ``config.scheme`` and
+``config.compressor`` set per method of :data:`METHODS`, and
+``config.fusion.plan="single"`` for all (no profiling). Each method runs for
+``seeds`` seeds (``config.seed``: init and data order), seed-major (every
+method once, then the next seed), evaluated every ``eval_every`` steps.
+
+**Methods.**
+
+* ``sync``: synchronous data parallelism, the dense fp32 all-reduce every step;
+* ``local_sgd_{2,8,32}``: local SGD (periodic model averaging) every 2, 8 or
+  32 steps, the dense mean of the params (outer SGD at lr 1, no momentum);
+* ``diloco``: DiLoCo (Douillard et al. 2023, Alg. 1) every
+  :data:`DILOCO_EVERY` = 8 steps, the dense mean pseudo-gradient fed to outer
+  Nesterov SGD at lr 0.7, momentum 0.9 (the paper's outer optimizer). H = 8,
+  not the paper's 500: a 600-step run then has 75 outer steps, and ``diloco``
+  differs from ``local_sgd_8`` in the outer optimizer alone;
+* ``diloco_topk1`` and ``diloco_signsgd``: the same, with the pseudo-gradients
+  through top-k (1 %, error feedback) or signSGD (majority vote in
+  {-1, 0, 1}, as the compressor defines it: no scale). Same outer optimizer,
+  not tuned per compressor;
+* ``easgd``: synchronous EASGD (Zhang, Choromanska and LeCun 2015, eqs. 5-6)
+  with ``beta = n alpha = 0.9`` (their §3 choice), ``alpha = 0.9 / 8``, and
+  ``every = 1`` (their basic synchronous form: one dense all-reduce of the
+  params per step, the wire of ``sync``).
+
+``diloco_ef_signsgd`` (the scaled sign of EF-signSGD) can be chosen with
+``--methods``; it is not in the default set.
+
+**Accuracy.** The eval rows of ``metrics.jsonl``: ``eval_accuracy`` is the
+*average* model's (the mean of the workers' params; for ``sync`` the one
+replicated model), ``eval_worker_accuracy_min`` the worst worker's own model
+(for ``sync`` every worker holds the replicated model, so both are
+``eval_accuracy``). Final accuracy: the last eval (at the last step), mean ±
+std over seeds (ddof=1). Note that the last step is a round for every method
+at 600 steps but ``local_sgd_32`` (600 = 18 x 32 + 24): its average model is
+then the mean of workers 24 steps into a round, never sent.
+
+**Bytes per step** is the run's logged ``wire_bytes_per_step``: the operand
+bytes per worker of the collectives in the compiled step (DESIGN §4),
+amortised over the rounds (``train.train._amortised_bytes``): the round's
+bytes times rounds / steps, plus what every step sends besides: 16 bytes for
+``sync`` (three logged metric means and the non-finite agreement), 20 for a
+scheme (one more metric). **Bytes per round** are the round's collectives
+alone, read from the compiled HLO of the round's exchange
+(``train.train._round_wire`` of ``train.optimizer.round_exchange``), as the
+training program reads them: a dense all-reduce of the 9,610 fp32 params
+(38,440 bytes) for local SGD, DiLoCo and EASGD; an all-gather of the top-k
+values and indices, or of the packed sign bits, for the compressed DiLoCo.
+For ``sync`` the round is the whole step (compressor ``none``: every
+collective of the step is an all-reduce), so its wire is ``{"all-reduce":
+logged bytes}``, as the program prices it.
+
+**Simulated time** (DESIGN §6). Each run is priced after the fact with
+:class:`gradcomp.SimClock` on described clusters, as the training program
+prices its own ``sim_seconds`` (kept in the JSON as ``program``: its
+``config.cluster``, 8 homogeneous workers at 20 Gbps, 8 TFLOP/s): one worker's
+FLOPs per step ``F = gradcomp.training_flops(forward_flops_per_sample(model,
+f32[1, 64]), 128 / 8)`` (the config's model, 3 x forward x batch); each step
+``clock.step(s, barrier=is_round(s), exchange_seconds=Comm(round) if
+is_round(s) else 0)`` with ``is_round = train.optimizer.round_steps(config)``
+and ``Comm(round) = cluster.comm_seconds({kind: (bytes, 1)})`` of the round's
+wire. The per-step bookkeeping collectives of a scheme (16-20 bytes) are not
+priced between rounds, as in the training program: they are instrumentation
+and a safety check, not the algorithm's exchange. Clusters:
+
+* **(a)** ``Cluster(16, bandwidth_gbps=20)``: 16 homogeneous workers at
+  8 TFLOP/s on a 20 Gbps ring, 25 us latency. The runs have 8 workers; (a)
+  prices the same steps with 16 workers *keeping the per-worker batch* of 16
+  (so F is unchanged; a 16-worker run would have a global batch of 256) and
+  the same per-worker payload (an all-reduce's operand is the whole buffer and
+  an all-gather's the worker's own piece, whatever the worker count); only the
+  ring's ``2 (n - 1)`` or ``n - 1`` steps grow. The accuracy curve is the
+  8-worker run's: an approximation;
+* **(b)** ``Cluster(8, bandwidth_gbps=0.1, speeds=(1, 1, 2, 2, 3, 3, 5, 5),
+  flops_per_second=EDGE_FLOPS_PER_SECOND)``: 8 heterogeneous edge devices at
+  100 Mbps (25 us latency, the default). :data:`EDGE_FLOPS_PER_SECOND` = 1e10
+  FLOP/s for a speed-1 device is an **assumption** (about a phone or
+  single-board-computer CPU's sustained fp32 training rate, not a measured
+  one). Same workers and batches as the runs, so the curves are exact; the
+  slowest device (speed 1) sets every barrier.
+
+On both the exchange dominates: one worker's step is about 0.92 MFLOP, 0.11
+us on (a) and 92 us on the slowest device of (b), against a dense all-reduce
+of 0.75 ms latency + 0.03 ms transfer on (a) and 0.35 ms + 5.4 ms on (b).
+Time to an accuracy: per seed, the first eval at which the average model
+reaches it (so at eval granularity), mean over the seeds that reach it.
+
+The digits test set has 360 images: one image is 0.28 points, so the
+0.5-point target is under two images, and seeds of different methods often
+end on the same accuracy (with different losses).
+
+**Targets** (printed PASS/FAIL): ``local_sgd_8``'s mean final accuracy at
+most :data:`LOCAL_SGD_PP` points below ``sync``'s; ``diloco_topk1``'s at most
+:data:`DILOCO_PP` point below ``diloco``'s, with at most 1 /
+:data:`BYTES_FACTOR` of its bytes per step. The bytes rule is checked on the
+logged bytes per step (every-step bookkeeping included); the ratio of the
+rounds' bytes alone is printed beside it.
+
+Run: ``python -m gradcomp.bench schemes [--seeds 3] [--steps 600]``. Writes
+``schemes.json``, ``schemes.md`` and ``schemes.png`` (accuracy against step,
+simulated seconds on (a), simulated seconds on (b): mean over seeds, band
+min-max) to ``--out``, and each run's workdir (``metrics.jsonl``,
+``config.json``, ``plan.json``; checkpoints deleted) under
+``--out/schemes_runs/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradcomp.bench import convergence
+from gradcomp.bench.convergence import _stats, run_one
+from gradcomp.bench.output import write_json
+
+#: Workers of every run (virtual devices).
+WORKERS = 8
+#: DiLoCo's inner steps per round (H).
+DILOCO_EVERY = 8
+#: DiLoCo's outer Nesterov SGD (Douillard et al. 2023).
+OUTER = {"outer_learning_rate": 0.7, "outer_momentum": 0.9}
+#: EASGD's ``beta = n alpha`` (Zhang et al. 2015, §3).
+EASGD_BETA = 0.9
+#: Training FLOP/s of a speed-1 device of cluster (b): an assumption.
+EDGE_FLOPS_PER_SECOND = 1e10
+EDGE_SPEEDS = (1, 1, 2, 2, 3, 3, 5, 5)
+#: Accuracies whose simulated time to reach is tabulated.
+REACH = (0.95, 0.97)
+#: The plot's y axis starts below the lowest band at or above this accuracy.
+FLOOR = 0.8
+#: local_sgd_8 may be at most this far below sync (percentage points).
+LOCAL_SGD_PP = 0.5
+#: diloco_topk1 may be at most this far below diloco (percentage points) ...
+DILOCO_PP = 1.0
+#: ... with at most 1 / BYTES_FACTOR of its bytes per step.
+BYTES_FACTOR = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One curve: a scheme and the compressor of its exchange.
+
+  Attributes:
+    label: name in tables, plots and ``--methods``.
+    scheme: ``config.scheme`` fields (``name`` first).
+    compressor: ``config.compressor.name``.
+    hyperparameters: other ``config.compressor`` fields.
+    why: one line on the choice, copied to the JSON.
+  """
+
+  label: str
+  scheme: Mapping[str, Any]
+  compressor: str = "none"
+  hyperparameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  why: str = ""
+
+
+def _local(every: int) -> Method:
+  return Method(
+    f"local_sgd_{every}",
+    {"name": "local_sgd", "every": every},
+    why=f"params averaged every {every} steps (dense mean)",
+  )
+
+
+_DILOCO = {"name": "local_sgd", "every": DILOCO_EVERY, **OUTER}
+METHODS: dict[str, Method] = {
+  m.label: m
+  for m in (
+    Method("sync", {"name": "none"}, why="dense fp32 all-reduce every step"),
+    _local(2),
+    _local(8),
+    _local(32),
+    Method("diloco", _DILOCO, why="dense mean pseudo-gradient, outer Nesterov"),
+    Method(
+      "diloco_topk1",
+      _DILOCO,
+      "topk",
+      {"ratio": 0.01},
+      why="pseudo-gradient top-k 1 % with error feedback",
+    ),
+    Method(
+      "diloco_signsgd",
+      _DILOCO,
+      "signsgd",
+      why="pseudo-gradient majority-vote sign in {-1,0,1} (unscaled)",
+    ),
+    Method(
+      "easgd",
+      {"name": "easgd", "alpha": EASGD_BETA / WORKERS, "every": 1},
+      why="elastic averaging, beta = 0.9, every step",
+    ),
+    Method(
+      "diloco_ef_signsgd",
+      _DILOCO,
+      "ef_signsgd",
+      why="pseudo-gradient scaled sign (||e||_1 / d) with error feedback; "
+      "not in the default set",
+    ),
+  )
+}
+DEFAULT_METHODS = tuple(m for m in METHODS if m != "diloco_ef_signsgd")
+
+
+def clusters() -> dict[str, Any]:
+  """The described clusters (a) and (b) of the module docstring."""
+  import gradcomp
+
+  return {
+    "a": gradcomp.Cluster(16, bandwidth_gbps=20.0),
+    "b": gradcomp.Cluster(
+      WORKERS,
+      bandwidth_gbps=0.1,
+      speeds=EDGE_SPEEDS,
+      flops_per_second=EDGE_FLOPS_PER_SECOND,
+    ),
+  }
+
+
+CLUSTER_NOTES = {
+  "a": "16 homogeneous workers, 20 Gbps, 8 TFLOP/s; per-worker batch of the "
+  "8-worker runs kept (16)",
+  "b": "8 edge devices, speeds (1,1,2,2,3,3,5,5) x 1e10 FLOP/s (assumed), 100 Mbps",
+  "program": "the training program's own sim_seconds: config.cluster, 8 "
+  "homogeneous workers, 20 Gbps, 8 TFLOP/s",
+}
+
+
+def configure(method: Method, *, seed: int, steps: int, eval_every: int):
+  """The default config with ``method``'s scheme and compressor, plan ``single``.
+
+  The rest as the convergence suite's runs (``convergence.configure``): logs
+  at every eval, checkpoints only at the end.
+  """
+  from configs import default
+
+  base = convergence.Method(
+    method.label, method.compressor, "single", dict(method.hyperparameters)
+  )
+  config = convergence.configure(
+    convergence._digits_config, base, seed=seed, steps=steps, eval_every=eval_every
+  )
+  config.scheme = default.scheme(**method.scheme)
+  return config
+
+
+def flops_per_step(config, workers: int = WORKERS) -> float:
+  """One worker's training FLOPs per step, as the training program's clock has them."""
+  import jax
+
+  import gradcomp
+  from gradcomp.models import zoo
+  from train import train
+
+  ds = train._dataset(config)
+  kwargs = dict(config.model)
+  model = zoo.create(kwargs.pop("name"), ds.num_classes, **kwargs)
+  sample = jax.ShapeDtypeStruct((1, *ds.input_shape), ds.x_train.dtype)
+  return gradcomp.training_flops(
+    gradcomp.forward_flops_per_sample(model, sample),
+    config.global_batch_size // workers,
+  )
+
+
+def round_wire(config, workdir: str | Path, logged_bytes: float) -> dict[str, int]:
+  """Bytes per collective kind of one exchange round of the run in ``workdir``.
+
+  A scheme's round: the compiled HLO of ``round_exchange`` on the params (per
+  worker), with the run's saved fusion plan. Synchronous training with
+  compressor ``none``: the whole step, ``{"all-reduce": logged_bytes}``.
+  """
+  import jax
+
+  from gradcomp.models import zoo
+  from train import optimizer, train
+  from train import step as step_lib
+
+  if optimizer.scheme_name(config) == "none":
+    if config.compressor.name != "none":
+      raise NotImplementedError("synchronous runs are priced with compressor none")
+    return {"all-reduce": int(logged_bytes)}
+  ds = train._dataset(config)
+  kwargs = dict(config.model)
+  model = zoo.create(kwargs.pop("name"), ds.num_classes, **kwargs)
+  one = jax.eval_shape(
+    lambda: step_lib.init_model(
+      model, jax.random.PRNGKey(0), ds.input_shape, ds.x_train.dtype
+    )[0]
+  )
+  mesh = jax.make_mesh((jax.device_count(),), (step_lib.AXIS,))
+  params = jax.tree.map(
+    lambda a: jax.ShapeDtypeStruct((mesh.size, *a.shape), a.dtype), one
+  )
+  plan = train._saved_plan(Path(workdir))
+  tx = optimizer.round_exchange(config, step_lib.AXIS, plan)
+  return {k: int(v) for k, v in train._round_wire(tx, mesh, params).items() if v}
+
+
+def simulate(cluster, flops: float, is_round, wire: Mapping[str, int], steps: int):
+  """Simulated seconds after each step ``0 .. steps`` (``[0]`` is 0) on ``cluster``."""
+  import gradcomp
+
+  clock = gradcomp.SimClock(cluster, flops)
+  exchange = float(cluster.comm_seconds({k: (b, 1) for k, b in wire.items() if b}))
+  seconds = [0.0]
+  for s in range(1, steps + 1):
+    barrier = bool(is_round(s))
+    seconds.append(
+      clock.step(s, barrier=barrier, exchange_seconds=exchange if barrier else 0.0)
+    )
+  return np.asarray(seconds)
+
+
+def _train(config, workdir: Path) -> dict[str, Any]:
+  """``run_one``, or, when the run stops on non-finite steps, what it logged."""
+  from train import logs, train
+
+  start = time.perf_counter()
+  try:
+    r = run_one(config, workdir)
+  except train.NonFiniteError as e:
+    shutil.rmtree(workdir / train.CHECKPOINT_DIR, ignore_errors=True)
+    rows = logs.read_metrics(workdir / logs.METRICS_FILE)
+    wire = [r["wire_bytes_per_step"] for r in rows if "wire_bytes_per_step" in r]
+    r = {
+      "workdir": str(workdir),
+      "rows": rows,
+      "final": {},
+      "run_seconds": time.perf_counter() - start,
+      "wire_bytes_per_step": wire[-1] if wire else None,
+      "stopped": str(e),
+    }
+  return r
+
+
+def _curve(rows: Sequence[Mapping[str, Any]], eval_steps: Sequence[int]) -> dict:
+  """One run's eval points at ``eval_steps`` (NaN where it stopped before)."""
+  evals = {r["step"]: r for r in rows if "eval_accuracy" in r}
+  nan = math.nan
+
+  def column(key, fallback=None):
+    out = []
+    for s in eval_steps:
+      r = evals.get(s, {})
+      value = r.get(key, r.get(fallback, nan) if fallback else nan)
+      out.append(nan if value is None else float(value))
+    return out
+
+  distance = [r["consensus_distance"] for r in rows if "consensus_distance" in r]
+  return {
+    "step": list(eval_steps),
+    "eval_accuracy": column("eval_accuracy"),
+    "eval_loss": column("eval_loss"),
+    # Synchronous: one replicated model, every worker's is the average's.
+    "worker_accuracy_mean": column("eval_worker_accuracy_mean", "eval_accuracy"),
+    "worker_accuracy_min": column("eval_worker_accuracy_min", "eval_accuracy"),
+    "program_sim_seconds": column("sim_seconds"),
+    "consensus_distance_end": float(distance[-1]) if distance else None,
+  }
+
+
+def _reach(accuracy: np.ndarray, seconds: np.ndarray, threshold: float):
+  """Per seed, seconds at the first eval reaching ``threshold``; stats over those."""
+  hits = [
+    float(seconds[np.flatnonzero(a >= threshold)[0]])
+    for a in accuracy
+    if (a >= threshold).any()
+  ]
+  if not hits:
+    return {"reached": 0, "seeds": len(accuracy), "mean": None}
+  return {"reached": len(hits), "seeds": len(accuracy), **_stats(hits)}
+
+
+def summarize(
+  runs: Sequence[Mapping[str, Any]], sim: Mapping[str, np.ndarray]
+) -> dict[str, Any]:
+  """Over seeds: final accuracies, curves, and the simulated times of each cluster."""
+  curves = [r["curve"] for r in runs]
+  steps = curves[0]["step"]
+  acc = np.asarray([c["eval_accuracy"] for c in curves])
+  worst = np.asarray([c["worker_accuracy_min"] for c in curves])
+  wires = {r["wire_bytes_per_step"] for r in runs}
+  if len(wires) != 1:
+    raise ValueError(f"seeds of one method logged different bytes per step: {wires}")
+  distances = [c["consensus_distance_end"] for c in curves]
+  out = {
+    "step": steps,
+    "accuracy_mean": acc.mean(0).tolist(),
+    "accuracy_min": acc.min(0).tolist(),
+    "accuracy_max": acc.max(0).tolist(),
+    "worker_accuracy_min_mean": worst.mean(0).tolist(),
+    "final_accuracy": _stats(acc[:, -1]),
+    "final_worker_accuracy_min": _stats(worst[:, -1]),
+    "final_worker_accuracy_mean": _stats(
+      [c["worker_accuracy_mean"][-1] for c in curves]
+    ),
+    "final_loss": _stats([c["eval_loss"][-1] for c in curves]),
+    "consensus_distance_end": None if None in distances else _stats(distances)["mean"],
+    "wire_bytes_per_step": wires.pop(),
+    "stopped": sum(bool(r.get("stopped")) for r in runs),
+    "run_seconds": _stats([r["run_seconds"] for r in runs]),
+    "sim": {},
+  }
+  for name, seconds in sim.items():
+    at = seconds[steps]
+    out["sim"][name] = {
+      "seconds": at.tolist(),
+      "end": float(seconds[-1]),
+      "reach": {str(t): _reach(acc, at, t) for t in REACH},
+    }
+  logged = np.asarray([c["program_sim_seconds"] for c in curves])
+  # The post-hoc clock of the program's cluster against the run's own column.
+  out["program_clock_max_rel_diff"] = float(
+    np.nanmax(np.abs(logged - sim["program"][steps]) / sim["program"][steps])
+  )
+  return out
+
+
+def target_checks(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+  """The two targets, where their methods ran."""
+  checks = []
+  if {"sync", "local_sgd_8"} <= set(summaries):
+    base = summaries["sync"]["final_accuracy"]["mean"]
+    local = summaries["local_sgd_8"]["final_accuracy"]["mean"]
+    diff = 100 * (local - base)
+    checks.append(
+      {
+        "rule": f"local_sgd_8 mean final accuracy >= sync's - {LOCAL_SGD_PP} pp",
+        "sync": base,
+        "local_sgd_8": local,
+        "difference_pp": diff,
+        "passed": bool(diff >= -LOCAL_SGD_PP),
+      }
+    )
+  if {"diloco", "diloco_topk1"} <= set(summaries):
+    dense, topk = summaries["diloco"], summaries["diloco_topk1"]
+    diff = 100 * (topk["final_accuracy"]["mean"] - dense["final_accuracy"]["mean"])
+    ratio = dense["wire_bytes_per_step"] / topk["wire_bytes_per_step"]
+    dense_round = sum(dense["round_wire"].values())
+    round_ratio = dense_round / sum(topk["round_wire"].values())
+    checks.append(
+      {
+        "rule": f"diloco_topk1 mean final accuracy >= diloco's - {DILOCO_PP} pp "
+        f"and bytes/step <= diloco's / {BYTES_FACTOR}",
+        "diloco": dense["final_accuracy"]["mean"],
+        "diloco_topk1": topk["final_accuracy"]["mean"],
+        "difference_pp": diff,
+        "bytes_ratio": ratio,
+        "round_bytes_ratio": round_ratio,
+        "accuracy_passed": bool(diff >= -DILOCO_PP),
+        "bytes_passed": bool(ratio >= BYTES_FACTOR),
+        "round_bytes_passed": bool(round_ratio >= BYTES_FACTOR),
+        "passed": bool(diff >= -DILOCO_PP and ratio >= BYTES_FACTOR),
+      }
+    )
+  return checks
+
+
+def _log(text: str) -> None:
+  print(f"# schemes: {text}", file=sys.stderr, flush=True)
+
+
+def run(
+  methods: Sequence[Method] | None = None,
+  seeds: int = 3,
+  steps: int = 600,
+  eval_every: int = 100,
+  out_dir: str = "bench_out",
+  docs_png: str | Path | None = None,
+) -> dict[str, Any]:
+  """Runs the suite, prints its tables, writes ``schemes.{json,md,png}``.
+
+  Args:
+    methods: the curves (default: :data:`DEFAULT_METHODS`).
+    seeds: runs per method, seeds ``0 .. seeds - 1``.
+    steps: training steps of each run.
+    eval_every: eval (and log) interval, in steps; the last step is always
+      evaluated.
+    out_dir: where the outputs and the runs' workdirs go.
+    docs_png: also copy ``schemes.png`` there, if given.
+  """
+  import jax
+
+  import gradcomp
+  from gradcomp.bench.compress import machine_info
+  from train import optimizer, train
+
+  if methods is None:
+    methods = [METHODS[m] for m in DEFAULT_METHODS]
+  methods = list(methods)
+  if not methods:
+    raise ValueError("no methods")
+  for name, value in (("seeds", seeds), ("steps", steps), ("eval_every", eval_every)):
+    if value < 1:
+      raise ValueError(f"{name} must be >= 1, got {value}")
+  if jax.device_count() != WORKERS:
+    raise ValueError(
+      f"the suite runs {WORKERS} workers, found {jax.device_count()} devices; set "
+      f'jax.config.update("jax_num_cpu_devices", {WORKERS}) before using JAX'
+    )
+  runs_dir = Path(out_dir) / "schemes_runs"
+  eval_steps = sorted({*range(eval_every, steps + 1, eval_every), steps})
+  t_start = time.perf_counter()
+  info = machine_info()
+  _log(
+    f"{len(methods)} methods x {seeds} seeds x {steps} steps on digits, "
+    f"{WORKERS} workers ({info['backend']}), {info['cpu_count']} CPUs"
+  )
+  described = clusters()
+  per_method: dict[str, list[dict[str, Any]]] = {m.label: [] for m in methods}
+  priced: dict[str, dict[str, Any]] = {}
+  for seed in range(seeds):
+    for m in methods:
+      config = configure(m, seed=seed, steps=steps, eval_every=eval_every)
+      workdir = runs_dir / m.label / f"seed{seed}"
+      r = _train(config, workdir)
+      r["seed"] = seed
+      r["curve"] = _curve(r["rows"], eval_steps)
+      r["curve"]["train_seconds"] = convergence.eval_curve(
+        r["rows"], config.global_batch_size
+      )["train_seconds"]
+      del r["rows"]
+      per_method[m.label].append(r)
+      if m.label not in priced:  # The same for every seed.
+        flops = flops_per_step(config)
+        wire = round_wire(config, workdir, r["wire_bytes_per_step"])
+        is_round = optimizer.round_steps(config)
+        every = {**described, "program": train.cluster_of(config, WORKERS)}
+        priced[m.label] = {
+          "flops_per_step": flops,
+          "round_wire": wire,
+          "rounds": sum(bool(is_round(s)) for s in range(1, steps + 1)),
+          "sim": {
+            name: simulate(c, flops, is_round, wire, steps) for name, c in every.items()
+          },
+        }
+      stop = f" (stopped: {r['stopped'][:60]}...)" if r.get("stopped") else ""
+      _log(
+        f"{m.label} seed {seed}: accuracy {r['curve']['eval_accuracy'][-1]:.4f}, "
+        f"{r['wire_bytes_per_step']:,.0f} B/step, {r['run_seconds']:.1f} s{stop}"
+      )
+  summaries = {}
+  for label, rs in per_method.items():
+    p = priced[label]
+    summaries[label] = {
+      **summarize(rs, p["sim"]),
+      "round_wire": p["round_wire"],
+      "rounds": p["rounds"],
+      "flops_per_step": p["flops_per_step"],
+    }
+  result = {
+    "suite": "schemes",
+    "machine": info,
+    "config": "configs/default.py (fusion.plan='single')",
+    "workers": WORKERS,
+    "steps": steps,
+    "eval_every": eval_every,
+    "seeds": seeds,
+    "global_batch_size": convergence._digits_config().global_batch_size,
+    "clusters": {
+      name: {**dataclasses.asdict(c), "note": CLUSTER_NOTES[name]}
+      for name, c in described.items()
+    }
+    | {"program": {"note": CLUSTER_NOTES["program"]}},
+    "reach": list(REACH),
+    "methods": {m.label: dataclasses.asdict(m) for m in methods},
+    "results": {
+      label: {"summary": summaries[label], "runs": per_method[label]}
+      for label in per_method
+    },
+    "targets": target_checks(summaries),
+    "gradcomp_version": getattr(gradcomp, "__version__", None),
+    "wall_s": time.perf_counter() - t_start,
+    "loadavg_end": list(os.getloadavg()),
+  }
+  table = format_tables(result)
+  print(table)
+  path = write_json(out_dir, "schemes.json", result)
+  Path(out_dir, "schemes.md").write_text(table + "\n")
+  png = plot(result, Path(out_dir) / "schemes.png")
+  if docs_png is not None:
+    Path(docs_png).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(png, docs_png)
+  print(f"\nwrote {path}, schemes.md, {png.name} ({result['wall_s']:.0f} s)")
+  return result
+
+
+def _pct(stats: Mapping[str, Any]) -> str:
+  std = "" if stats["std"] is None else f" ± {100 * stats['std']:.2f}"
+  return f"{100 * stats['mean']:.2f}{std}"
+
+
+def _seconds(x: float | None) -> str:
+  if x is None or not math.isfinite(x):
+    return "-"
+  return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:.3g} s"
+
+
+def _wire(wire: Mapping[str, int]) -> str:
+  return ", ".join(f"{k} {v:,}" for k, v in wire.items()) or "-"
+
+
+def format_tables(result: Mapping[str, Any]) -> str:
+  """Markdown tables of a :func:`run` result."""
+  res, mi = result["results"], result["machine"]
+  head = (
+    f"digits MLP, {result['workers']} workers ({mi['backend']}), "
+    f"{result['steps']} steps of {result['global_batch_size']}, "
+    f"{result['seeds']} seeds, plan single; final eval accuracy mean ± std "
+    f"over seeds (ddof=1), of the average model and of the worst worker; "
+    f"bytes per worker"
+  )
+  lines = [
+    head,
+    "",
+    "| method | scheme | compressor | final accuracy (average) | worst worker "
+    "| bytes/step | bytes/round | rounds | consensus distance (end) |",
+    "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+  ]
+  for label, entry in res.items():
+    s, m = entry["summary"], result["methods"][label]
+    scheme = ", ".join(
+      f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+      for k, v in m["scheme"].items()
+      if k != "name"
+    )
+    scheme = m["scheme"]["name"] + (f" ({scheme})" if scheme else "")
+    comp = m["compressor"] + "".join(
+      f" {k}={v}" for k, v in m["hyperparameters"].items()
+    )
+    cd = s["consensus_distance_end"]
+    stopped = f" ({s['stopped']} stopped)" if s["stopped"] else ""
+    lines.append(
+      f"| {label} | {scheme} | {comp} | {_pct(s['final_accuracy'])}{stopped} "
+      f"| {_pct(s['final_worker_accuracy_min'])} "
+      f"| {s['wire_bytes_per_step']:,.0f} | {_wire(s['round_wire'])} "
+      f"| {s['rounds']} | {'-' if cd is None else f'{cd:.3g}'} |"
+    )
+  cl = result["clusters"]
+  reach = result["reach"]
+  lines += [
+    "",
+    f"simulated time (SimClock; FLOPs per worker-step "
+    f"{next(iter(res.values()))['summary']['flops_per_step']:,.0f}): "
+    f"(a) {cl['a']['note']}; (b) {cl['b']['note']}; program: "
+    f"{cl['program']['note']}. 'to X %': mean over the seeds whose average "
+    f"model reaches X at an eval (every {result['eval_every']} steps), with "
+    "their count if not all",
+    "",
+    "| method | (a) end | "
+    + " | ".join(f"(a) to {100 * t:g} %" for t in reach)
+    + " | (b) end | "
+    + " | ".join(f"(b) to {100 * t:g} %" for t in reach)
+    + " | program end |",
+    "| --- |" + " ---: |" * (3 + 2 * len(reach)),
+  ]
+  for label, entry in res.items():
+    sim = entry["summary"]["sim"]
+    cells = [label]
+    for name in ("a", "b"):
+      cells.append(_seconds(sim[name]["end"]))
+      for t in reach:
+        r = sim[name]["reach"][str(t)]
+        note = "" if r["reached"] == r["seeds"] else f" ({r['reached']}/{r['seeds']})"
+        cells.append(_seconds(r["mean"]) + note)
+    cells.append(_seconds(sim["program"]["end"]))
+    lines.append("| " + " | ".join(cells) + " |")
+  for t in result["targets"]:
+    lines.append("")
+    if "local_sgd_8" in t:
+      lines.append(
+        f"target: local_sgd_8 {100 * t['local_sgd_8']:.2f}% vs sync "
+        f"{100 * t['sync']:.2f}%: {t['difference_pp']:+.2f} pp (tolerance "
+        f"-{LOCAL_SGD_PP} pp): {'PASS' if t['passed'] else 'FAIL'}"
+      )
+    else:
+      lines.append(
+        f"target: diloco_topk1 {100 * t['diloco_topk1']:.2f}% vs diloco "
+        f"{100 * t['diloco']:.2f}%: {t['difference_pp']:+.2f} pp (tolerance "
+        f"-{DILOCO_PP} pp): {'PASS' if t['accuracy_passed'] else 'FAIL'}; bytes "
+        f"per step 1/{t['bytes_ratio']:.1f} of diloco's (need <= 1/{BYTES_FACTOR}): "
+        f"{'PASS' if t['bytes_passed'] else 'FAIL'} (rounds' bytes alone: "
+        f"1/{t['round_bytes_ratio']:.2f}, "
+        f"{'PASS' if t['round_bytes_passed'] else 'FAIL'}); overall "
+        f"{'PASS' if t['passed'] else 'FAIL'}"
+      )
+  return "\n".join(lines)
+
+
+def plot(result: Mapping[str, Any], path: str | Path) -> Path:
+  """Average-model accuracy against step and simulated time on (a) and (b)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  res = result["results"]
+  fig = Figure(figsize=(15, 4.6), layout="constrained")
+  FigureCanvasAgg(fig)
+  by_step, on_a, on_b = fig.subplots(1, 3, sharey=True)
+  # The y range of the methods that learn (band minimum >= FLOOR); a curve
+  # that falls below it is marked in the legend rather than squashing the rest.
+  lows = [
+    v
+    for e in res.values()
+    for v in e["summary"]["accuracy_min"]
+    if math.isfinite(v) and v >= FLOOR
+  ]
+  bottom = math.floor(100 * min(lows, default=FLOOR)) / 100 - 0.01
+  for label, entry in res.items():
+    s = entry["summary"]
+    below = any(not (v >= bottom) for v in s["accuracy_mean"])
+    xs = (s["step"], s["sim"]["a"]["seconds"], s["sim"]["b"]["seconds"])
+    for ax, x in zip((by_step, on_a, on_b), xs, strict=True):
+      (line,) = ax.plot(
+        x,
+        s["accuracy_mean"],
+        marker=".",
+        label=label + (" (below the axis)" if below else ""),
+      )
+      ax.fill_between(
+        x, s["accuracy_min"], s["accuracy_max"], color=line.get_color(), alpha=0.15
+      )
+  by_step.set(xlabel="step", ylabel="eval accuracy (average model)")
+  on_a.set(xlabel="simulated seconds, (a) 16 workers, 20 Gbps", xscale="log")
+  on_b.set(xlabel="simulated seconds, (b) 8 edge devices, 100 Mbps", xscale="log")
+  by_step.set_ylim(max(bottom, 0.0), 1.0)
+  for ax in (by_step, on_a, on_b):
+    ax.grid(alpha=0.3, which="both")
+  by_step.legend(loc="lower right", fontsize="small")
+  fig.suptitle(
+    f"digits MLP, {result['workers']} workers, {result['steps']} steps: mean of "
+    f"{result['seeds']} seeds, band min-max"
+  )
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  return path
