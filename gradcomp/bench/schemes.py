@@ -360,6 +360,9 @@ def _curve(rows: Sequence[Mapping[str, Any]], eval_steps: Sequence[int]) -> dict
     return out
 
   distance = [r["consensus_distance"] for r in rows if "consensus_distance" in r]
+  sim_at = {
+    r["step"]: r["sim_seconds"] for r in rows if r.get("sim_seconds") is not None
+  }
   return {
     "step": list(eval_steps),
     "eval_accuracy": column("eval_accuracy"),
@@ -367,7 +370,9 @@ def _curve(rows: Sequence[Mapping[str, Any]], eval_steps: Sequence[int]) -> dict
     # Synchronous: one replicated model, every worker's is the average's.
     "worker_accuracy_mean": column("eval_worker_accuracy_mean", "eval_accuracy"),
     "worker_accuracy_min": column("eval_worker_accuracy_min", "eval_accuracy"),
-    "program_sim_seconds": column("sim_seconds"),
+    # An eval row carries sim_seconds only where no training row of its step
+    # does (train/train.py), so it is read from any row of the step.
+    "program_sim_seconds": [float(sim_at.get(s, nan)) for s in eval_steps],
     "consensus_distance_end": float(distance[-1]) if distance else None,
   }
 
