@@ -19,6 +19,7 @@ from gradcomp.sim.clock import (
   SimClock,
   forward_flops_per_sample,
   local_sgd_round_seconds,
+  simulate_rounds,
   synchronous_step_seconds,
   training_flops,
 )
@@ -183,6 +184,22 @@ def test_local_sgd_clock_matches_the_round_price(every):
   if every == 1:
     steps = [1.0, 4.0, 4.0, 4.0] + [1.0] * 8
     assert seconds == pytest.approx(sum(steps) + 12 * comm, rel=1e-13)
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_simulate_rounds_is_the_sum_of_round_prices(every):
+  """A run's seconds after each round: the sum of the closed-form round prices."""
+  c = Cluster(
+    3, speeds=(1.0, 2.0, 4.0), flops_per_second=R, events=(Slowdown(1, 8.0, 2, 5),)
+  )
+  round_wire = {"all-reduce": 4e6, "all-gather": 0}  # One message of each kind sent.
+  wire = {"all-reduce": (4e6, 1)}
+  seconds = simulate_rounds(c, R, lambda s: s % every == 0, round_wire, 12)
+  assert seconds.shape == (13,) and seconds[0] == 0
+  expected = 0.0
+  for first in range(1, 13, every):
+    expected += local_sgd_round_seconds(c, R, first, every, wire)
+    assert seconds[first + every - 1] == pytest.approx(expected, rel=1e-13)
 
 
 def test_a_slowdown_delays_exactly_the_steps_it_covers():

@@ -34,6 +34,9 @@ from train import step as step_lib
 
 CONFIG_FILE = "config.json"
 PLAN_FILE = "plan.json"
+#: The simulated clock's inputs: ``flops_per_step``, ``round_wire`` ({kind:
+#: bytes} of one exchange round), ``wire_bytes_per_step``.
+SIM_FILE = "sim.json"
 CHECKPOINT_DIR = "checkpoints"
 
 
@@ -94,6 +97,17 @@ def _dataset(config) -> data_lib.Dataset:
   return data_lib.load(name, data_dir, synthetic=synthetic, seed=config.seed, **kwargs)
 
 
+def _padded_batches(n: int, batch_size: int):
+  """``(rows, weights)`` of each whole batch over ``n`` examples.
+
+  The last batch repeats the last example, weighted 0, so every batch has
+  one shape (one compile).
+  """
+  for start in range(0, n, batch_size):
+    rows = np.arange(start, start + batch_size)
+    yield np.minimum(rows, n - 1), (rows < n).astype(np.float32)
+
+
 def evaluate(
   eval_step,
   mesh,
@@ -105,16 +119,12 @@ def evaluate(
   variant: str = "shard_map",
 ) -> dict[str, float]:
   """Mean loss and accuracy over all of ``(x, y)``, padded to whole batches."""
-  n, count = len(y), jax.process_count()
-  local = batch_size // count
-  offset = jax.process_index() * local
+  local = batch_size // jax.process_count()
+  mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
   totals = jnp.zeros(3)
-  for start in range(0, n, batch_size):
-    rows = np.arange(start, start + batch_size)
-    weights = (rows < n).astype(np.float32)
-    rows = np.minimum(rows, n - 1)[offset : offset + local]
+  for rows, weights in _padded_batches(len(y), batch_size):
     batch = step_lib.shard_batch(
-      mesh, (x[rows], y[rows], weights[offset : offset + local]), variant
+      mesh, (x[rows[mine]], y[rows[mine]], weights[mine]), variant
     )
     totals = totals + eval_step(params, model_state, *batch)
   loss, correct, seen = np.asarray(totals)
@@ -129,14 +139,10 @@ def evaluate_workers(
   ``params`` and ``model_state`` carry a leading worker axis; the batches are
   replicated, so each worker evaluates the whole set with its own params.
   """
-  n = len(y)
   replicated = NamedSharding(mesh, P())
   put = lambda a: jax.make_array_from_process_local_data(replicated, a)
   totals = 0.0
-  for start in range(0, n, batch_size):
-    rows = np.arange(start, start + batch_size)
-    weights = (rows < n).astype(np.float32)
-    rows = np.minimum(rows, n - 1)
+  for rows, weights in _padded_batches(len(y), batch_size):
     totals = totals + worker_eval(
       params, model_state, put(x[rows]), put(y[rows]), put(weights)
     )
@@ -181,32 +187,6 @@ def _amortised_bytes(step_wire, round_wire, is_round, num_steps: int) -> float:
   return per_step + sum(round_wire.values()) * rounds / max(num_steps, 1)
 
 
-class _Clock:
-  """The simulated clock of ``config.cluster`` (DESIGN §6), one tick per step.
-
-  Every step each worker computes its FLOPs at its described speed; a step
-  with an exchange round waits for the slowest worker, then prices the
-  round's collectives on the described links. Deterministic, so a resumed
-  run replays its steps instead of checkpointing the clock.
-  """
-
-  def __init__(self, clock, is_round, exchange_seconds: float):
-    self._clock, self._is_round = clock, is_round
-    self._exchange = float(exchange_seconds)
-    self._seconds: dict[int, float] = {0: 0.0}
-
-  def advance(self, step: int) -> float:
-    barrier = self._is_round(step)
-    self._seconds[step] = self._clock.step(
-      step, barrier=barrier, exchange_seconds=self._exchange if barrier else 0.0
-    )
-    return self._seconds[step]
-
-  def seconds_at(self, step: int) -> float | None:
-    seconds = self._seconds.get(step)
-    return None if seconds is None or not math.isfinite(seconds) else seconds
-
-
 def cluster_of(config, workers: int) -> gradcomp.Cluster:
   """The described cluster of ``config.cluster`` (defaults: homogeneous, 20 Gbps)."""
   cfg = config.get("cluster") or {}
@@ -219,18 +199,17 @@ def cluster_of(config, workers: int) -> gradcomp.Cluster:
     raise ValueError(f"config.cluster: {e}") from e
 
 
-def _clock(config, model, ds, workers: int, round_wire, is_round, start: int) -> _Clock:
-  cluster = cluster_of(config, workers)
+def flops_per_step(model, ds: data_lib.Dataset, batch_per_worker: int) -> float:
+  """One worker's training FLOPs per step, from the model's jaxpr (DESIGN §6)."""
   sample = jax.ShapeDtypeStruct((1, *ds.input_shape), ds.x_train.dtype)
-  flops = gradcomp.training_flops(
-    gradcomp.forward_flops_per_sample(model, sample),
-    config.global_batch_size // workers,
+  return gradcomp.training_flops(
+    gradcomp.forward_flops_per_sample(model, sample), batch_per_worker
   )
-  exchange = cluster.comm_seconds({k: (b, 1) for k, b in round_wire.items() if b})
-  clock = _Clock(gradcomp.SimClock(cluster, flops), is_round, float(exchange))
-  for step in range(1, start + 1):  # A resumed run replays the clock.
-    clock.advance(step)
-  return clock
+
+
+def _write_sim_file(workdir: Path, **fields) -> None:
+  """``sim.json``: what the simulated clock priced, for re-pricing elsewhere."""
+  (workdir / SIM_FILE).write_text(json.dumps(fields, indent=2) + "\n")
 
 
 def _write_run_files(workdir: Path, config, plan) -> None:
@@ -326,12 +305,13 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     _write_run_files(workdir, config, plan)
 
   train_step = step_lib.make_train_step(model, tx, layout, variant)
-  eval_step = step_lib.make_eval_step(model, layout, variant)
   if layout.params_per_worker:  # The average model, and every worker's own.
-    replicated_layout = dataclasses.replace(layout, params_per_worker=False)
-    average_eval = step_lib.make_eval_step(model, replicated_layout)
+    average_layout = dataclasses.replace(layout, params_per_worker=False)
+    eval_step = step_lib.make_eval_step(model, average_layout)
     worker_eval = step_lib.make_worker_eval_step(model, layout)
     averager = step_lib.make_averager(layout)
+  else:
+    eval_step = step_lib.make_eval_step(model, layout, variant)
   eval_batch = -(-config.eval_batch_size // mesh.size) * mesh.size
   train_iter = data_lib.batches(
     ds.x_train,
@@ -359,7 +339,24 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       optimizer_lib.round_exchange(config, step_lib.AXIS, plan), mesh, state["params"]
     )
     wire_bytes = _amortised_bytes(step_wire, round_wire, is_round, num_steps)
-  clock = _clock(config, model, ds, mesh.size, round_wire, is_round, start)
+  round_wire = {k: b for k, b in round_wire.items() if b}
+  flops = flops_per_step(model, ds, batch_size // mesh.size)
+  # Pure in its inputs: a resumed run recomputes the same clock.
+  sim_seconds = gradcomp.simulate_rounds(
+    cluster_of(config, mesh.size), flops, is_round, round_wire, num_steps
+  )
+
+  def sim_at(step: int) -> float | None:
+    seconds = float(sim_seconds[step])
+    return seconds if math.isfinite(seconds) else None
+
+  if lead:
+    _write_sim_file(
+      workdir,
+      flops_per_step=flops,
+      round_wire=round_wire,
+      wire_bytes_per_step=wire_bytes,
+    )
   writer = logs.MetricWriter(workdir, resume_step=start, enabled=lead)
   progress = logs.Progress(num_steps, enabled=lead)
   progress.message(
@@ -406,7 +403,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       else None,
       "samples_per_sec": steps_per_sec * batch_size,
       "wire_bytes_per_step": wire_bytes,
-      "sim_seconds": clock.seconds_at(step),
+      "sim_seconds": sim_at(step),
       "l2_grads": m["l2_grads"],
       "l2_updates": m["l2_updates"],
       "nonfinite_steps": m["nonfinite_steps"],
@@ -442,9 +439,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     if layout.params_per_worker:
       worker_params, worker_state = per_worker_params()
       average = averager((worker_params, worker_state))
-      last.update(
-        evaluate(average_eval, mesh, *average, ds.x_test, ds.y_test, eval_batch)
-      )
+      last.update(evaluate(eval_step, mesh, *average, ds.x_test, ds.y_test, eval_batch))
       last.update(
         evaluate_workers(
           worker_eval, mesh, worker_params, worker_state, ds.x_test, ds.y_test
@@ -465,7 +460,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       )
     # The simulated time of the step, unless its training row carries it.
     logged = step % config.log_every_steps == 0 or step == num_steps
-    extra = {} if logged else {"sim_seconds": clock.seconds_at(step)}
+    extra = {} if logged else {"sim_seconds": sim_at(step)}
     writer.write(step, **extra, **last)
     progress.message(
       f"eval at step {step}: loss {last['eval_loss']:.4f}, "
@@ -487,7 +482,6 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       params, model_state, opt_state, metrics = train_step(
         params, model_state, opt_state, batch
       )
-      clock.advance(step)
       if profiled and step == profiled[-1]:
         jax.block_until_ready(metrics)
         jax.profiler.stop_trace()

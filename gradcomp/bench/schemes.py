@@ -45,25 +45,22 @@ amortised over the rounds (``train.train._amortised_bytes``): the round's
 bytes times rounds / steps, plus what every step sends besides: 16 bytes for
 ``sync`` (three logged metric means and the non-finite agreement), 20 for a
 scheme (one more metric). **Bytes per round** are the round's collectives
-alone, read from the compiled HLO of the round's exchange
-(``train.train._round_wire`` of ``train.optimizer.round_exchange``), as the
-training program reads them: a dense all-reduce of the 9,610 fp32 params
-(38,440 bytes) for local SGD, DiLoCo and EASGD; an all-gather of the top-k
-values and indices, or of the packed sign bits, for the compressed DiLoCo.
-For ``sync`` the round is the whole step (compressor ``none``: every
-collective of the step is an all-reduce), so its wire is ``{"all-reduce":
-logged bytes}``, as the program prices it.
+alone, read by the training program from the compiled HLO of the round's
+exchange and saved in the run's ``sim.json`` with its FLOPs per step: a
+dense all-reduce of the 9,610 fp32 params (38,440 bytes) for local SGD,
+DiLoCo and EASGD; an all-gather of the top-k values and indices, or of the
+packed sign bits, for the compressed DiLoCo. For ``sync`` the round is the
+whole step.
 
 **Simulated time** (DESIGN §6). Each run is priced after the fact with
-:class:`gradcomp.SimClock` on described clusters, as the training program
-prices its own ``sim_seconds`` (kept in the JSON as ``program``: its
-``config.cluster``, 8 homogeneous workers at 20 Gbps, 8 TFLOP/s): one worker's
-FLOPs per step ``F = gradcomp.training_flops(forward_flops_per_sample(model,
-f32[1, 64]), 128 / 8)`` (the config's model, 3 x forward x batch); each step
-``clock.step(s, barrier=is_round(s), exchange_seconds=Comm(round) if
-is_round(s) else 0)`` with ``is_round = train.optimizer.round_steps(config)``
-and ``Comm(round) = cluster.comm_seconds({kind: (bytes, 1)})`` of the round's
-wire. The per-step bookkeeping collectives of a scheme (16-20 bytes) are not
+:func:`gradcomp.simulate_rounds` on described clusters, the function the
+training program prices its own ``sim_seconds`` with (kept in the JSON as
+``program``: its ``config.cluster``, 8 homogeneous workers at 20 Gbps, 8
+TFLOP/s), from the run's ``sim.json``: one worker's FLOPs per step ``F =
+gradcomp.training_flops(forward_flops_per_sample(model, f32[1, 64]), 128 /
+8)`` (3 x forward x batch) and the round's wire; ``is_round =
+train.optimizer.round_steps(config)``; a round waits for the slowest worker
+and adds ``cluster.comm_seconds({kind: (bytes, 1)})``. The per-step bookkeeping collectives of a scheme (16-20 bytes) are not
 priced between rounds, as in the training program: they are instrumentation
 and a safety check, not the algorithm's exchange. Clusters:
 
@@ -111,6 +108,7 @@ min-max) to ``--out``, and each run's workdir (``metrics.jsonl``,
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -257,71 +255,16 @@ def configure(method: Method, *, seed: int, steps: int, eval_every: int):
   return config
 
 
-def flops_per_step(config, workers: int = WORKERS) -> float:
-  """One worker's training FLOPs per step, as the training program's clock has them."""
-  import jax
+def priced_inputs(workdir: str | Path) -> dict[str, Any]:
+  """The run's ``sim.json``: its FLOPs per worker-step and one round's wire.
 
-  import gradcomp
-  from gradcomp.models import zoo
+  What the training program's own clock priced (``train.train.SIM_FILE``):
+  the FLOPs from the model's jaxpr, and ``{kind: bytes}`` of one exchange
+  round read from the compiled HLO (the whole step for synchronous training).
+  """
   from train import train
 
-  ds = train._dataset(config)
-  kwargs = dict(config.model)
-  model = zoo.create(kwargs.pop("name"), ds.num_classes, **kwargs)
-  sample = jax.ShapeDtypeStruct((1, *ds.input_shape), ds.x_train.dtype)
-  return gradcomp.training_flops(
-    gradcomp.forward_flops_per_sample(model, sample),
-    config.global_batch_size // workers,
-  )
-
-
-def round_wire(config, workdir: str | Path, logged_bytes: float) -> dict[str, int]:
-  """Bytes per collective kind of one exchange round of the run in ``workdir``.
-
-  A scheme's round: the compiled HLO of ``round_exchange`` on the params (per
-  worker), with the run's saved fusion plan. Synchronous training with
-  compressor ``none``: the whole step, ``{"all-reduce": logged_bytes}``.
-  """
-  import jax
-
-  from gradcomp.models import zoo
-  from train import optimizer, train
-  from train import step as step_lib
-
-  if optimizer.scheme_name(config) == "none":
-    if config.compressor.name != "none":
-      raise NotImplementedError("synchronous runs are priced with compressor none")
-    return {"all-reduce": int(logged_bytes)}
-  ds = train._dataset(config)
-  kwargs = dict(config.model)
-  model = zoo.create(kwargs.pop("name"), ds.num_classes, **kwargs)
-  one = jax.eval_shape(
-    lambda: step_lib.init_model(
-      model, jax.random.PRNGKey(0), ds.input_shape, ds.x_train.dtype
-    )[0]
-  )
-  mesh = jax.make_mesh((jax.device_count(),), (step_lib.AXIS,))
-  params = jax.tree.map(
-    lambda a: jax.ShapeDtypeStruct((mesh.size, *a.shape), a.dtype), one
-  )
-  plan = train._saved_plan(Path(workdir))
-  tx = optimizer.round_exchange(config, step_lib.AXIS, plan)
-  return {k: int(v) for k, v in train._round_wire(tx, mesh, params).items() if v}
-
-
-def simulate(cluster, flops: float, is_round, wire: Mapping[str, int], steps: int):
-  """Simulated seconds after each step ``0 .. steps`` (``[0]`` is 0) on ``cluster``."""
-  import gradcomp
-
-  clock = gradcomp.SimClock(cluster, flops)
-  exchange = float(cluster.comm_seconds({k: (b, 1) for k, b in wire.items() if b}))
-  seconds = [0.0]
-  for s in range(1, steps + 1):
-    barrier = bool(is_round(s))
-    seconds.append(
-      clock.step(s, barrier=barrier, exchange_seconds=exchange if barrier else 0.0)
-    )
-  return np.asarray(seconds)
+  return json.loads((Path(workdir) / train.SIM_FILE).read_text())
 
 
 def _train(config, workdir: Path) -> dict[str, Any]:
@@ -540,8 +483,8 @@ def run(
       del r["rows"]
       per_method[m.label].append(r)
       if m.label not in priced:  # The same for every seed.
-        flops = flops_per_step(config)
-        wire = round_wire(config, workdir, r["wire_bytes_per_step"])
+        inputs = priced_inputs(workdir)
+        flops, wire = inputs["flops_per_step"], inputs["round_wire"]
         is_round = optimizer.round_steps(config)
         every = {**described, "program": train.cluster_of(config, WORKERS)}
         priced[m.label] = {
@@ -549,7 +492,8 @@ def run(
           "round_wire": wire,
           "rounds": sum(bool(is_round(s)) for s in range(1, steps + 1)),
           "sim": {
-            name: simulate(c, flops, is_round, wire, steps) for name, c in every.items()
+            name: gradcomp.simulate_rounds(c, flops, is_round, wire, steps)
+            for name, c in every.items()
           },
         }
       stop = f" (stopped: {r['stopped'][:60]}...)" if r.get("stopped") else ""

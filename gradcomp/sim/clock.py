@@ -155,6 +155,43 @@ class SimClock:
     self._times = t
 
 
+def simulate_rounds(
+  cluster: Cluster, flops_per_step: float, is_round, round_wire: dict, steps: int
+) -> np.ndarray:
+  """Simulated seconds after each step ``0 .. steps`` of a run with exchange rounds.
+
+  The run's :class:`SimClock` played out: every step each worker computes
+  ``flops_per_step``; a step with ``is_round(step)`` is a barrier followed by
+  the round's exchange, ``cluster.comm_seconds`` of ``round_wire``
+  (``{kind: bytes}``, one message per kind, as read from a compiled round);
+  other steps exchange nothing. Synchronous training is a round every step;
+  local SGD one every ``every`` steps. The clock is a pure function of its
+  inputs, so a resumed run recomputes it rather than checkpointing it.
+
+  Args:
+    cluster: the described cluster.
+    flops_per_step: one worker's training FLOPs per step, finite and > 0.
+    is_round: ``step -> bool`` for steps ``1 .. steps``.
+    round_wire: ``{kind: bytes}`` of one round (kinds with 0 bytes ignored).
+    steps: the run's number of steps, >= 0.
+
+  Returns:
+    float64 array of shape ``(steps + 1,)``: ``[0]`` is 0; ``inf`` from the
+    first barrier after a failure.
+  """
+  clock = SimClock(cluster, flops_per_step)
+  exchange = float(
+    cluster.comm_seconds({k: (b, 1) for k, b in round_wire.items() if b})
+  )
+  seconds = np.zeros(steps + 1)
+  for step in range(1, steps + 1):
+    barrier = bool(is_round(step))
+    seconds[step] = clock.step(
+      step, barrier=barrier, exchange_seconds=exchange if barrier else 0.0
+    )
+  return seconds
+
+
 def synchronous_step_seconds(
   cluster: Cluster, flops_per_step: float, step: int, wire: dict
 ) -> float:
