@@ -47,6 +47,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
+from gradcomp.parallel import branches
 
 AXIS = "data"
 VARIANTS = ("shard_map", "pmap")
@@ -56,11 +57,7 @@ Batch = tuple[jax.Array, jax.Array]
 
 def _varying(x) -> bool:
   """Whether ``x``, traced inside ``shard_map``, is typed varying over AXIS."""
-  aval = jax.typeof(x)
-  vma = getattr(aval, "vma", None)
-  if vma is None:  # JAX 0.10 keeps it in the manual axis type.
-    vma = aval.manual_axis_type.varying
-  return AXIS in vma
+  return AXIS in branches.varying_axes(x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +236,7 @@ def _body(
   per_worker = layout.per_worker
   opt_state = _drop(opt_state, per_worker)
   if layout.params_per_worker:
-    params, model_state = jax.tree.map(lambda a: a[0], (params, model_state))
+    params, model_state = gradcomp.drop_worker_axis((params, model_state))
   # Differentiate a per-worker copy: the gradient of replicated params comes
   # back already summed over workers (psum is pvary's transpose).
   local = _as_varying(params)
@@ -285,8 +282,8 @@ def _body(
     "nonfinite_steps": new_opt_state.total_notfinite,
   }
   if layout.params_per_worker:
-    new_params, new_model_state = jax.tree.map(
-      lambda a: a[None], (new_params, new_model_state)
+    new_params, new_model_state = gradcomp.add_worker_axis(
+      (new_params, new_model_state)
     )
   return new_params, new_model_state, _add(new_opt_state, per_worker), metrics
 
@@ -406,6 +403,14 @@ def make_train_step(model, tx, layout: Layout, variant: str = "shard_map") -> Ca
   )
 
 
+def _eval_sums(model, params, model_state, x, y, w) -> jax.Array:
+  """``(sum loss, sum correct, count)`` of one model on its batch, ``w`` weighting rows."""
+  logits = model.apply({"params": params, **model_state}, x, train=False)
+  loss, correct = cross_entropy(logits, y)
+  w = jnp.broadcast_to(w.reshape(w.shape + (1,) * (loss.ndim - 1)), loss.shape)
+  return jnp.stack([jnp.sum(loss * w), jnp.sum(correct * w), jnp.sum(w)])
+
+
 def make_eval_step(model, layout: Layout, variant: str = "shard_map") -> Callable:
   """``eval(params, model_state, x, y, w) -> (sum loss, sum correct, count)``.
 
@@ -416,11 +421,7 @@ def make_eval_step(model, layout: Layout, variant: str = "shard_map") -> Callabl
   check_variant(variant)
 
   def evaluate(params, model_state, x, y, w):
-    logits = model.apply({"params": params, **model_state}, x, train=False)
-    loss, correct = cross_entropy(logits, y)
-    w = jnp.broadcast_to(w.reshape(w.shape + (1,) * (loss.ndim - 1)), loss.shape)
-    sums = jnp.stack([jnp.sum(loss * w), jnp.sum(correct * w), jnp.sum(w)])
-    return jax.lax.psum(sums, AXIS)
+    return jax.lax.psum(_eval_sums(model, params, model_state, x, y, w), AXIS)
 
   if variant == "pmap":
     return _pmap(evaluate, layout, out_axes=None)
@@ -443,11 +444,8 @@ def make_worker_eval_step(model, layout: Layout) -> Callable:
   """
 
   def evaluate(params, model_state, x, y, w):
-    params, model_state = jax.tree.map(lambda a: a[0], (params, model_state))
-    logits = model.apply({"params": params, **model_state}, x, train=False)
-    loss, correct = cross_entropy(logits, y)
-    w = jnp.broadcast_to(w.reshape(w.shape + (1,) * (loss.ndim - 1)), loss.shape)
-    sums = jnp.stack([jnp.sum(loss * w), jnp.sum(correct * w), jnp.sum(w)])
+    params, model_state = gradcomp.drop_worker_axis((params, model_state))
+    sums = _eval_sums(model, params, model_state, x, y, w)
     # Gathered, so every process can read every worker's sums.
     return jax.lax.all_gather(sums, AXIS, to="invarying")
 

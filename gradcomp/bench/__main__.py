@@ -88,6 +88,18 @@ def _scaling(args: argparse.Namespace) -> None:
     raise SystemExit(f"python -m gradcomp.bench scaling: error: {e}") from None
 
 
+def _methods(suite: str, text: str, known, *, empty: bool = False) -> list[str]:
+  """The labels of a comma-separated ``--methods``; unknown (or none) exits."""
+  labels = [x for x in text.split(",") if x]
+  unknown = sorted(set(labels) - set(known))
+  if unknown or not (labels or empty):
+    raise SystemExit(
+      f"python -m gradcomp.bench {suite}: error: unknown --methods {unknown}; "
+      f"known: {', '.join(known)}"
+    )
+  return labels
+
+
 def _convergence(args: argparse.Namespace) -> None:
   import jax
   from absl import logging
@@ -97,14 +109,10 @@ def _convergence(args: argparse.Namespace) -> None:
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   from gradcomp.bench import convergence
 
-  labels = [x for x in args.methods.split(",") if x]
-  resnet = [x for x in args.throughput_methods.split(",") if x]
-  unknown = sorted(set(labels + resnet) - set(convergence.METHODS))
-  if unknown or not labels:
-    raise SystemExit(
-      f"python -m gradcomp.bench convergence: error: unknown --methods {unknown}; "
-      f"known: {', '.join(convergence.METHODS)}"
-    )
+  labels = _methods("convergence", args.methods, convergence.METHODS)
+  resnet = _methods(
+    "convergence", args.throughput_methods, convergence.METHODS, empty=True
+  )
   convergence.run(
     methods=[convergence.METHODS[x] for x in labels],
     seeds=args.seeds,
@@ -120,13 +128,7 @@ def _schemes(args: argparse.Namespace) -> None:
   import jax
   from absl import logging
 
-  labels = [x for x in args.methods.split(",") if x]
-  unknown = sorted(set(labels) - set(schemes.METHODS))
-  if unknown or not labels:
-    raise SystemExit(
-      f"python -m gradcomp.bench schemes: error: unknown --methods {unknown}; "
-      f"known: {', '.join(schemes.METHODS)}"
-    )
+  labels = _methods("schemes", args.methods, schemes.METHODS)
   for name in ("seeds", "steps", "eval_every"):
     if getattr(args, name) < 1:
       flag = "--" + name.replace("_", "-")

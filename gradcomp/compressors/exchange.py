@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from gradcomp.kernels import hashing
+from gradcomp.parallel import branches
 
 AxisName = str | tuple[str, ...] | None
 
@@ -58,12 +59,8 @@ def vary_like(new, old):
   Q) comes out typed as replicated, and a ``scan`` carry must keep its type.
   """
 
-  def axes(x):
-    manual = getattr(jax.typeof(x), "manual_axis_type", None)
-    return frozenset(getattr(manual, "varying", ()))
-
   def cast(n, o):
-    missing = tuple(sorted(axes(o) - axes(n)))
+    missing = tuple(sorted(branches.varying_axes(o) - branches.varying_axes(n)))
     return jax.lax.pcast(n, missing, to="varying") if missing else n
 
   return jax.tree.map(cast, new, old)

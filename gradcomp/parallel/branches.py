@@ -16,8 +16,13 @@ from collections.abc import Callable
 import jax
 
 
-def _varying_axes(aval) -> frozenset:
-  manual = getattr(aval, "manual_axis_type", None)
+def varying_axes(x) -> frozenset:
+  """The mesh axes ``x`` (a traced value or a ``ShapeDtypeStruct``) is typed varying over.
+
+  Empty outside ``shard_map`` (``pmap`` and one device type nothing).
+  """
+  aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+  manual = getattr(aval, "manual_axis_type", None)  # JAX 0.10
   if manual is not None:
     return frozenset(manual.varying)
   return frozenset(getattr(aval, "vma", ()))
@@ -32,11 +37,11 @@ def joined_cond(pred, true_fun: Callable, false_fun: Callable, *operands):
   """
   shapes = [jax.eval_shape(f, *operands) for f in (true_fun, false_fun)]
   union = jax.tree.map(
-    lambda a, b: _varying_axes(a) | _varying_axes(b), shapes[0], shapes[1]
+    lambda a, b: varying_axes(a) | varying_axes(b), shapes[0], shapes[1]
   )
 
   def cast(x, axes):
-    missing = tuple(sorted(axes - _varying_axes(jax.typeof(x))))
+    missing = tuple(sorted(axes - varying_axes(x)))
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
   def joined(f):

@@ -1,4 +1,4 @@
-"""What every scheme shares: the contract's checks and the exchange of params.
+"""What every scheme shares: the contract's checks and its state's copy of the params.
 
 DESIGN §5: a scheme's ``update`` needs the worker's own params (``None`` is a
 ``ValueError``: the scheme cannot say where the params should go without
@@ -11,8 +11,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
-
-from gradcomp.compressors import exchange
 
 
 def require_params(params, scheme: str):
@@ -41,13 +39,6 @@ def transformation(name: str, value, *, optional: bool = False):
   return value
 
 
-def period(name: str, value) -> int:
-  """An integer period >= 1 (steps between synchronisations)."""
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"{name} must be an integer in [1, inf), got {value!r}")
-  return value
-
-
 def copy_params(params):
   """``params`` as a state entry: arrays, or ``ShapeDtypeStruct`` kept as such.
 
@@ -58,13 +49,3 @@ def copy_params(params):
   return jax.tree.map(
     lambda p: p if isinstance(p, jax.ShapeDtypeStruct) else jnp.asarray(p), params
   )
-
-
-def num_workers(axis_name) -> int:
-  """Workers on ``axis_name``: 1 for ``None`` (one worker)."""
-  return exchange.num_workers(axis_name)
-
-
-def mean_over_workers(tree, axis_name):
-  """Dense float mean over workers (one all-reduce; identity on one worker)."""
-  return exchange.all_reduce_mean(tree, axis_name)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from gradcomp.compressors import checks, exchange
 from gradcomp.parallel.branches import joined_cond
 from gradcomp.schemes import base
 
@@ -96,7 +97,7 @@ def easgd(
     arXiv 1412.6651, eqs. 5-6 and Alg. 1.
   """
   inner = base.transformation("inner", inner)
-  every = base.period("every", every)
+  every = checks.at_least("every", every, 1)
   if (
     isinstance(alpha, bool)
     or not isinstance(alpha, (int, float))
@@ -116,7 +117,7 @@ def easgd(
 
   def update_fn(grads, state, params=None):
     params = base.require_params(params, "easgd")
-    n = base.num_workers(axis_name)
+    n = exchange.num_workers(axis_name)
     if alpha * n > 1.0:
       raise ValueError(
         f"alpha must be in [0, 1/workers] = [0, {1 / n:.6g}] on {n} workers "
@@ -126,7 +127,7 @@ def easgd(
 
     def elastic(params, center):
       diff = jax.tree.map(jnp.subtract, params, center)
-      mean_diff = base.mean_over_workers(diff, axis_name)
+      mean_diff = exchange.all_reduce_mean(diff, axis_name)
       updates = jax.tree.map(
         lambda u, d: (u - alpha * d).astype(u.dtype), inner_updates, diff
       )

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from gradcomp.compressors import checks, exchange
 from gradcomp.parallel.branches import joined_cond
 from gradcomp.schemes import base
 
@@ -119,7 +120,7 @@ def local_sgd(
     Lin et al., "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020.
   """
   inner = base.transformation("inner", inner)
-  every = base.period("every", every)
+  every = checks.at_least("every", every, 1)
   outer = base.transformation("outer", outer, optional=True)
   compressor = base.transformation("compressor", compressor, optional=True)
 
@@ -137,7 +138,7 @@ def local_sgd(
   def round_(params, local, anchor, compressor_state, outer_state):
     pseudo_grads = jax.tree.map(jnp.subtract, anchor, local)
     if compressor is None:
-      mean = base.mean_over_workers(pseudo_grads, axis_name)
+      mean = exchange.all_reduce_mean(pseudo_grads, axis_name)
     else:
       mean, compressor_state = compressor.update(pseudo_grads, compressor_state, anchor)
     if outer is None:
