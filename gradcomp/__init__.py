@@ -38,6 +38,8 @@ from gradcomp.fusion.search import search_plan as search_plan
 from gradcomp.parallel.wire import wire_bytes as wire_bytes
 from gradcomp.parallel.workers import add_worker_axis as add_worker_axis
 from gradcomp.parallel.workers import drop_worker_axis as drop_worker_axis
+from gradcomp.schemes.cdsgd import CDSGDState as CDSGDState
+from gradcomp.schemes.cdsgd import cdsgd as cdsgd
 from gradcomp.schemes.easgd import EASGDState as EASGDState
 from gradcomp.schemes.easgd import easgd as easgd
 from gradcomp.schemes.local_sgd import LocalSGDState as LocalSGDState

@@ -90,3 +90,106 @@ def traced_wire(tx_for_axis, size: int) -> dict[str, tuple[int, int]]:
   return traced_collectives(
     tx_for_axis(_TRACE_AXIS), (leaf,), _TRACE_AXIS, _TRACE_WORKERS
   )
+
+
+def _taint(jaxpr, tainted: list[bool], found: list[tuple[str, bool]]) -> list[bool]:
+  """Which outputs of ``jaxpr`` depend on its tainted inputs; records collectives.
+
+  ``found`` gains ``(primitive name, whether an operand is tainted)`` for every
+  collective, in nested jaxprs too. A ``lax.cond``'s branches see its operands
+  (not the predicate); a loop's carry is iterated to a fixed point; any other
+  primitive with a nested jaxpr of matching arity maps its inputs one to one,
+  and otherwise is treated conservatively (any tainted input taints every
+  output and every input of the nested jaxprs).
+  """
+  dirty = set()
+  for var, t in zip(jaxpr.invars, tainted, strict=True):
+    if t:
+      dirty.add(var)
+  is_dirty = lambda v: not hasattr(v, "val") and v in dirty
+  for eqn in jaxpr.eqns:
+    ins = [is_dirty(v) for v in eqn.invars]
+    name = eqn.primitive.name
+    if name in _PRIMITIVE_KINDS:
+      found.append((name, any(ins)))
+    subs = {
+      key: [
+        getattr(b, "jaxpr", b) for b in (v if isinstance(v, tuple | list) else (v,))
+      ]
+      for key, v in eqn.params.items()
+    }
+    subs = {
+      key: [s for s in group if hasattr(s, "eqns")] for key, group in subs.items()
+    }
+    subs = {key: group for key, group in subs.items() if group}
+    if "branches" in subs:  # lax.cond: invars = (index, *operands)
+      outs = [False] * len(eqn.outvars)
+      for branch in subs["branches"]:
+        res = _taint(branch, ins[1:], found)
+        outs = [a or b for a, b in zip(outs, res, strict=True)]
+      outs = [o or ins[0] for o in outs]
+    elif name == "scan":
+      body = subs["jaxpr"][0]
+      n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+      carry = ins[n_consts : n_consts + n_carry]
+      while True:
+        trial: list[tuple[str, bool]] = []
+        res = _taint(body, ins[:n_consts] + carry + ins[n_consts + n_carry :], trial)
+        new = [a or b for a, b in zip(carry, res[:n_carry], strict=True)]
+        if new == carry:
+          found.extend(trial)
+          break
+        carry = new
+      outs = carry + res[n_carry:]
+    elif name == "while":
+      cond, body = subs["cond_jaxpr"][0], subs["body_jaxpr"][0]
+      nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+      carry = ins[nc + nb :]
+      while True:
+        trial = []
+        _taint(cond, ins[:nc] + carry, trial)
+        res = _taint(body, ins[nc : nc + nb] + carry, trial)
+        new = [a or b for a, b in zip(carry, res, strict=True)]
+        if new == carry:
+          found.extend(trial)
+          break
+        carry = new
+      outs = carry
+    else:
+      outs = [any(ins)] * len(eqn.outvars)
+      for group in subs.values():
+        for sub in group:
+          if len(sub.invars) == len(ins):
+            res = _taint(sub, ins, found)
+            if len(res) == len(eqn.outvars):
+              outs = res
+          else:
+            _taint(sub, [any(ins)] * len(sub.invars), found)
+    for var, t in zip(eqn.outvars, outs, strict=True):
+      if t:
+        dirty.add(var)
+  return [is_dirty(v) for v in jaxpr.outvars]
+
+
+def collectives_depending_on(fn, args: tuple, argnums) -> list[tuple[str, bool]]:
+  """Every collective of ``fn(*args)``'s program and whether it depends on ``argnums``.
+
+  Walks the jaxpr (into ``shard_map``, ``jit``, ``cond`` branches and loops),
+  tainting every value computed from the leaves of ``args[i]`` for ``i`` in
+  ``argnums``. A collective none of whose operands is tainted can run before
+  those inputs exist: CD-SGD's exchange of the last step's message (paper 001
+  §3.1; DESIGN §5) may overlap the backward pass that produces this step's
+  gradient.
+
+  Returns:
+    ``[(primitive name, depends)]`` in program order (each collective of a
+    ``cond`` branch once per branch).
+  """
+  argnums = {argnums} if isinstance(argnums, int) else set(argnums)
+  closed = jax.make_jaxpr(fn)(*args)
+  tainted = []
+  for i, arg in enumerate(args):
+    tainted += [i in argnums] * len(jax.tree.leaves(arg))
+  found: list[tuple[str, bool]] = []
+  _taint(closed.jaxpr, tainted, found)
+  return found
