@@ -31,6 +31,15 @@ steps, or DiLoCo with top-k 1 % pseudo-gradients:
     --config.scheme.outer_learning_rate=0.7 \
     --config.compressor.name=topk --config.compressor.ratio=0.01
 
+CD-SGD (paper 001) with 2-bit threshold codes and a full-precision message
+every k=2 steps, after 50 synchronous warm-up steps:
+
+  python -m train --config configs/default.py --workdir /tmp/wd_cdsgd \
+    --config.scheme.name=cdsgd --config.scheme.local_learning_rate=0.1 \
+    --config.scheme.warmup_steps=50 --config.scheme.k=2 \
+    --config.compressor.name=threshold_quantize \
+    --config.compressor.threshold=0.01 --config.fusion.plan=none
+
 ``metrics.jsonl`` then also carries ``sim_seconds`` (the simulated clock of
 ``config.cluster``) and, for a scheme, ``consensus_distance``.
 """
@@ -66,7 +75,10 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   and, for DiLoCo, ``outer_learning_rate`` (Nesterov SGD with
   ``outer_momentum``, default 0.9); its pseudo-gradients go through
   ``config.compressor`` (``none``: the dense mean). ``easgd`` takes
-  ``alpha`` and ``every``.
+  ``alpha`` and ``every``. ``cdsgd`` (paper 001) takes
+  ``local_learning_rate``, ``k``, ``warmup_steps``, ``message_scale`` and
+  ``flush_residual``; ``config.optimizer`` is then its global (server)
+  optimizer and ``config.compressor`` its compressor (``none``: OD-SGD).
   """
   c = ml_collections.ConfigDict()
   c.name = name
@@ -75,6 +87,11 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("alpha", float),
     ("outer_learning_rate", float),
     ("outer_momentum", float),
+    ("local_learning_rate", float),
+    ("k", int),
+    ("warmup_steps", int),
+    ("message_scale", float),
+    ("flush_residual", bool),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)
@@ -116,7 +133,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.fusion.plan = "auto"  # layerwise | single | auto | none
   config.fusion.search = "heuristic"  # for "auto": heuristic | optimal
 
-  config.scheme = scheme("none")  # none | local_sgd | easgd
+  config.scheme = scheme("none")  # none | local_sgd | easgd | cdsgd
   config.cluster = cluster()
 
   config.optimizer = ml_collections.ConfigDict()

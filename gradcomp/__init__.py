@@ -53,6 +53,12 @@ from gradcomp.sim.clock import training_flops as training_flops
 from gradcomp.sim.cluster import Cluster as Cluster
 from gradcomp.sim.cluster import Failure as Failure
 from gradcomp.sim.cluster import Slowdown as Slowdown
+from gradcomp.sim.delayed import delayed_exchange as delayed_exchange
+from gradcomp.sim.delayed import method_step_seconds as method_step_seconds
+from gradcomp.sim.delayed import saving_over_bitsgd as saving_over_bitsgd
+from gradcomp.sim.delayed import saving_over_local_update as saving_over_local_update
+from gradcomp.sim.delayed import simulate_delayed as simulate_delayed
+from gradcomp.sim.delayed import steady_step_seconds as steady_step_seconds
 from gradcomp.sim.profile import Profile as Profile
 from gradcomp.sim.timeline import CostModel as CostModel
 from gradcomp.sim.timeline import Timeline as Timeline

@@ -130,7 +130,21 @@ def wait_all(procs, logdir):
     pytest.fail(f"multi-process run failed or hung ({TIMEOUT_S} s):\n{tails}")
 
 
-@pytest.mark.parametrize("scheme", [{}, SCHEME], ids=["synchronous", "local_sgd"])
+# CD-SGD: replicated global weights, per-worker local weights, residuals and
+# messages split between the processes; warm-up, then 2-bit and full steps.
+CDSGD = {
+  "scheme.name": "cdsgd",
+  "scheme.local_learning_rate": 0.1,
+  "scheme.warmup_steps": 5,
+  "scheme.k": 2,
+  "compressor.name": "threshold_quantize",
+  "compressor.threshold": 0.01,
+}
+
+
+@pytest.mark.parametrize(
+  "scheme", [{}, SCHEME, CDSGD], ids=["synchronous", "local_sgd", "cdsgd"]
+)
 def test_two_processes_train_as_one(tmp_path, scheme):
   if reason := gloo_missing():
     pytest.skip(reason)

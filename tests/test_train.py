@@ -160,8 +160,57 @@ def test_scheme_params_are_per_worker(scheme_run):
   assert last["eval_accuracy"] > 0.5  # It learned (10 classes).
 
 
-def test_scheme_pmap_matches_shard_map(tmp_path):
-  overrides = {**SCHEME, "num_train_steps": 10, "eval_every_steps": 10}
+# CD-SGD (paper 001): 2-bit codes, a full-precision message every 3rd step,
+# 20 synchronous warm-up steps.
+CDSGD = {
+  "scheme.name": "cdsgd",
+  "scheme.local_learning_rate": 0.1,
+  "scheme.warmup_steps": 20,
+  "scheme.k": 3,
+  "compressor.name": "threshold_quantize",
+  "compressor.threshold": 0.01,
+}
+
+
+@pytest.fixture(scope="module")
+def cdsgd_run(tmp_path_factory):
+  """The tiny config under CD-SGD, trained once for the module."""
+  workdir = tmp_path_factory.mktemp("cdsgd")
+  return workdir, train.train_and_evaluate(tiny_config(**CDSGD), workdir)
+
+
+def test_cdsgd_run_reports_both_weights_and_its_wire(cdsgd_run):
+  workdir, result = cdsgd_run
+  params = leaves(result.state["params"])
+  cd = result.state["opt_state"].inner_state
+  # The global weights are agreed (no worker axis); the local ones are not.
+  assert [w.shape for w in leaves(cd.global_params)] == [p.shape[1:] for p in params]
+  assert not np.array_equal(params[0][0], params[0][1])
+  rows = logs.read_metrics(workdir / "metrics.jsonl")
+  last = [r for r in rows if "eval_accuracy" in r][-1]
+  assert last["eval_global_accuracy"] > 0.5 and last["eval_accuracy"] > 0.5
+  # Wire, from the compiled HLO: the full message is the dense fp32
+  # all-reduce; the compressed one all-gathers 2-bit codes (a quarter byte
+  # per value, padded to whole 32-bit words per leaf).
+  sim = json.loads((workdir / train.SIM_FILE).read_text())
+  values = sum(p[0].size for p in params)
+  assert sim["full_wire"] == {"all-reduce": 4 * values}
+  assert values / 4 <= sim["compressed_wire"]["all-gather"] <= values / 4 + 16
+  # Steps 1..19 and one message in 3 after them are full precision.
+  steps = TINY["num_train_steps"]
+  full = 19 + len(range(20, steps, 3))
+  expected = (
+    full * 4 * values + (steps - full) * sim["compressed_wire"]["all-gather"]
+  ) / steps
+  per_step = [r["wire_bytes_per_step"] for r in rows if "loss" in r][-1]
+  assert expected <= per_step <= expected + 64  # + logged means and the finite check
+  seconds = [r["sim_seconds"] for r in rows if "loss" in r]
+  assert seconds == sorted(seconds) and seconds[0] > 0
+
+
+@pytest.mark.parametrize("scheme", [SCHEME, CDSGD], ids=["local_sgd", "cdsgd"])
+def test_scheme_pmap_matches_shard_map(tmp_path, scheme):
+  overrides = {**scheme, "num_train_steps": 25, "eval_every_steps": 25}
   by_shard_map = train.train_and_evaluate(tiny_config(**overrides), tmp_path / "s")
   by_pmap = train.train_and_evaluate(
     tiny_config(**overrides, step="pmap"), tmp_path / "p"
@@ -235,11 +284,12 @@ def _final_state(workdir, like):
     ckpt.close()
 
 
-@pytest.mark.parametrize("run", ["tiny_run", "scheme_run"])
+@pytest.mark.parametrize("run", ["tiny_run", "scheme_run", "cdsgd_run"])
 def test_sigkill_then_resume_is_bit_exact(run, request, tmp_path):
   reference_dir, reference = request.getfixturevalue(run)
   env = {**os.environ, "JAX_PLATFORMS": "cpu", launch.ENV_CPU_DEVICES: "8"}
-  cmd = command_line(tmp_path, **(SCHEME if run == "scheme_run" else {}))
+  overrides = {"tiny_run": {}, "scheme_run": SCHEME, "cdsgd_run": CDSGD}[run]
+  cmd = command_line(tmp_path, **overrides)
   proc = subprocess.Popen(
     cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
   )

@@ -145,7 +145,11 @@ def learning_rate(cfg, total_steps: int) -> optax.ScalarOrSchedule:
 
 #: Training schemes by ``config.scheme.name`` (DESIGN §5); ``none`` is
 #: synchronous data parallelism.
-SCHEMES = {"local_sgd": gradcomp.local_sgd, "easgd": gradcomp.easgd}
+SCHEMES = {
+  "local_sgd": gradcomp.local_sgd,
+  "easgd": gradcomp.easgd,
+  "cdsgd": gradcomp.cdsgd,
+}
 #: Fields of ``config.scheme`` that build ``outer`` (DiLoCo's Nesterov SGD)
 #: rather than being keywords of the factory.
 _OUTER_FIELDS = ("outer_learning_rate", "outer_momentum")
@@ -165,7 +169,7 @@ def scheme_name(config) -> str:
 def round_steps(config) -> Callable[[int], bool]:
   """Which training steps (1-based) exchange: ``step -> bool``.
 
-  Synchronous training exchanges every step; local SGD after every
+  Synchronous training and CD-SGD exchange every step; local SGD after every
   ``every``-th step; EASGD on steps ``1, 1 + every, ...`` (its count before
   the step is a multiple of ``every``).
   """
@@ -177,6 +181,28 @@ def round_steps(config) -> Callable[[int], bool]:
   if name == "easgd":
     return lambda step: (step - 1) % every == 0
   return lambda step: True
+
+
+def cdsgd_exchanges(config) -> Callable[[int], str]:
+  """What CD-SGD's step ``t`` (1-based) puts on the wire: ``"full"`` or ``"compressed"``.
+
+  The program's exchange, as ``gradcomp.cdsgd`` runs it: warm-up steps
+  ``1 .. n - 1`` all-reduce their gradient; every later step exchanges the
+  message of the step before, in full precision when ``(t - 1 - n) % k ==
+  0`` (the switch step's message and every ``k``-th after it). The first
+  formal step has no message yet and still runs its exchange (of zeros),
+  so it is counted. Without a compressor every exchange is full.
+  """
+  cfg = config.scheme
+  n, k = cfg.warmup_steps, cfg.get("k") or 2
+  compressed = config.compressor.name != "none" and k > 1
+
+  def kind(step: int) -> str:
+    if not compressed or step < n or (step - 1 - n) % k == 0:
+      return "full"
+    return "compressed"
+
+  return kind
 
 
 def _scheme(config, local, compressor_tx, axis_name):
@@ -215,10 +241,12 @@ def _scheme(config, local, compressor_tx, axis_name):
       name,
       config.compressor.name,
     )
+  # The first parameter is the optimizer built from config.optimizer: the
+  # local one (local SGD, EASGD) or the global one (CD-SGD's server).
   missing = [
     p.name
-    for p in accepted.values()
-    if p.default is p.empty and p.name not in ("inner",) and p.name not in kwargs
+    for p in list(accepted.values())[1:]
+    if p.default is p.empty and p.name not in kwargs
   ]
   if missing:
     raise ValueError(
@@ -278,8 +306,9 @@ def round_exchange(
 ) -> optax.GradientTransformation:
   """What one exchange of the run sends, as a transformation of the params' tree.
 
-  Synchronous training and local SGD: the compressor (inside LayerFusion
-  with ``plan``); EASGD (and local SGD with ``none``): the dense mean. The
+  Synchronous training, local SGD and CD-SGD's compressed steps: the
+  compressor (inside LayerFusion with ``plan``); EASGD (and local SGD with
+  ``none``): the dense mean. The
   training program reads its wire bytes from the compiled HLO to price a
   round and to amortise the bytes per step.
   """
@@ -287,3 +316,12 @@ def round_exchange(
     return gradcomp.none(axis_name)
   tx = compressor(config.compressor, axis_name)
   return tx if plan is None else gradcomp.layerfusion(tx, plan)
+
+
+def global_weights(opt_state):
+  """CD-SGD's global weights :math:`W` in the run's optimizer state.
+
+  ``opt_state`` is what :func:`create`'s ``tx`` keeps: an
+  ``optax.ApplyIfFiniteState`` around ``gradcomp.CDSGDState``.
+  """
+  return opt_state.inner_state.global_params

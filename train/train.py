@@ -187,6 +187,37 @@ def _amortised_bytes(step_wire, round_wire, is_round, num_steps: int) -> float:
   return per_step + sum(round_wire.values()) * rounds / max(num_steps, 1)
 
 
+def _cdsgd_wire(config, plan, mesh, params, step_wire, num_steps):
+  """CD-SGD's two exchanges (from their compiled HLO) and its bytes per step.
+
+  Returns ``(full, compressed, bytes_per_step)``: ``full`` is the dense
+  all-reduce of a message (or of a warm-up gradient), ``compressed`` the
+  compressor's exchange (``{}`` when no step compresses). The step's HLO
+  holds the full all-reduce once per branch that runs it (the correction,
+  and the warm-up with ``warmup_steps >= 2``) and the compressed exchange
+  once; what it sends besides (metrics, the finite-step agreement) is sent
+  every step. Each step then adds the exchange it runs
+  (``optimizer.cdsgd_exchanges``).
+  """
+  full = _round_wire(gradcomp.none(step_lib.AXIS), mesh, params)
+  kind = optimizer_lib.cdsgd_exchanges(config)
+  kinds = [kind(s) for s in range(1, num_steps + 1)]
+  compressed = {}
+  if "compressed" in kinds or config.scheme.warmup_steps == 1:
+    exchange = optimizer_lib.round_exchange(config, step_lib.AXIS, plan)
+    compressed = _round_wire(exchange, mesh, params)
+  full_copies = 1 + (config.scheme.warmup_steps >= 2)
+  other = (
+    sum(step_wire.values())
+    - full_copies * sum(full.values())
+    - sum(compressed.values())
+  )
+  sizes = {"full": sum(full.values()), "compressed": sum(compressed.values())}
+  per_step = other + sum(sizes[k] for k in kinds) / max(num_steps, 1)
+  drop_zero = lambda wire: {k: b for k, b in wire.items() if b}
+  return drop_zero(full), drop_zero(compressed), per_step
+
+
 def cluster_of(config, workers: int) -> gradcomp.Cluster:
   """The described cluster of ``config.cluster`` (defaults: homogeneous, 20 Gbps)."""
   cfg = config.get("cluster") or {}
@@ -332,19 +363,40 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   )
   is_round = optimizer_lib.round_steps(config)
   scheme = optimizer_lib.scheme_name(config)
-  if scheme == "none":  # Every step is an exchange round.
-    round_wire, wire_bytes = step_wire, sum(step_wire.values())
-  else:
-    round_wire = _round_wire(
-      optimizer_lib.round_exchange(config, step_lib.AXIS, plan), mesh, state["params"]
-    )
-    wire_bytes = _amortised_bytes(step_wire, round_wire, is_round, num_steps)
-  round_wire = {k: b for k, b in round_wire.items() if b}
   flops = flops_per_step(model, ds, batch_size // mesh.size)
-  # Pure in its inputs: a resumed run recomputes the same clock.
-  sim_seconds = gradcomp.simulate_rounds(
-    cluster_of(config, mesh.size), flops, is_round, round_wire, num_steps
-  )
+  cluster = cluster_of(config, mesh.size)
+  sim_fields = {}
+  if scheme == "cdsgd":
+    full, compressed, wire_bytes = _cdsgd_wire(
+      config, plan, mesh, state["params"], step_wire, num_steps
+    )
+    round_wire = compressed or full
+    sim_fields = {"full_wire": full, "compressed_wire": compressed}
+    # Paper 001 eqs. 6-7: the exchange runs under the next step's compute.
+    sim_seconds = gradcomp.simulate_delayed(
+      cluster,
+      flops,
+      full,
+      compressed or None,
+      k=config.scheme.get("k") or 2,
+      warmup_steps=config.scheme.warmup_steps,
+      steps=num_steps,
+    )
+  else:
+    if scheme == "none":  # Every step is an exchange round.
+      round_wire, wire_bytes = step_wire, sum(step_wire.values())
+    else:
+      round_wire = _round_wire(
+        optimizer_lib.round_exchange(config, step_lib.AXIS, plan),
+        mesh,
+        state["params"],
+      )
+      wire_bytes = _amortised_bytes(step_wire, round_wire, is_round, num_steps)
+    round_wire = {k: b for k, b in round_wire.items() if b}
+    # Pure in its inputs: a resumed run recomputes the same clock.
+    sim_seconds = gradcomp.simulate_rounds(
+      cluster, flops, is_round, round_wire, num_steps
+    )
 
   def sim_at(step: int) -> float | None:
     seconds = float(sim_seconds[step])
@@ -356,6 +408,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       flops_per_step=flops,
       round_wire=round_wire,
       wire_bytes_per_step=wire_bytes,
+      **sim_fields,
     )
   writer = logs.MetricWriter(workdir, resume_step=start, enabled=lead)
   progress = logs.Progress(num_steps, enabled=lead)
@@ -445,6 +498,18 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
           worker_eval, mesh, worker_params, worker_state, ds.x_test, ds.y_test
         )
       )
+      if scheme == "cdsgd":  # The global weights too, one step behind.
+        opt = layout.from_variant(variant, params, model_state, opt_state)[2]
+        scores = evaluate(
+          eval_step,
+          mesh,
+          optimizer_lib.global_weights(opt),
+          average[1],
+          ds.x_test,
+          ds.y_test,
+          eval_batch,
+        )
+        last.update({k.replace("eval_", "eval_global_"): v for k, v in scores.items()})
     else:
       last.update(
         evaluate(

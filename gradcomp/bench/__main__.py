@@ -12,6 +12,7 @@ Example::
   python -m gradcomp.bench convergence --seeds 3
   python -m gradcomp.bench scaling --sources paper
   python -m gradcomp.bench schemes --seeds 3
+  python -m gradcomp.bench cdsgd --seeds 3
 """
 
 from __future__ import annotations
@@ -149,6 +150,36 @@ def _schemes(args: argparse.Namespace) -> None:
     eval_every=args.eval_every,
     out_dir=args.out,
     docs_png=docs / "schemes.png" if (args.docs or defaults) else None,
+  )
+
+
+def _cdsgd(args: argparse.Namespace) -> None:
+  import jax
+  from absl import logging
+
+  from gradcomp.bench import cdsgd
+
+  labels = _methods("cdsgd", args.methods, cdsgd.METHODS)
+  for name in ("seeds", "steps", "eval_every"):
+    if getattr(args, name) < 1:
+      flag = "--" + name.replace("_", "-")
+      raise SystemExit(
+        f"python -m gradcomp.bench cdsgd: error: {flag} must be >= 1, "
+        f"got {getattr(args, name)}"
+      )
+  # Before any computation: virtual CPU devices must be configured first.
+  jax.config.update("jax_num_cpu_devices", cdsgd.WORKERS)
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
+  run_shape = (args.seeds, args.steps, args.eval_every)
+  defaults = labels == list(cdsgd.DEFAULT_METHODS) and run_shape == (3, 600, 100)
+  docs = Path(__file__).resolve().parents[2] / "docs"
+  cdsgd.run(
+    methods=[cdsgd.METHODS[x] for x in labels],
+    seeds=args.seeds,
+    steps=args.steps,
+    eval_every=args.eval_every,
+    out_dir=args.out,
+    docs_png=docs / "cdsgd.png" if defaults else None,
   )
 
 
@@ -306,6 +337,32 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   sm.add_argument("--out", default="bench_out/", help="directory for schemes.*")
   sm.set_defaults(func=_schemes)
+  cd = suites.add_parser(
+    "cdsgd",
+    help="paper 001: S-SGD, BIT-SGD, OD-SGD, CD-SGD k=2..20 on digits (accuracy, "
+    "measured step vs eqs. 2-7), simulated Table 2 and Fig. 10",
+  )
+  cd.add_argument(
+    "--methods",
+    default=",".join(
+      (
+        "ssgd",
+        "bitsgd",
+        "odsgd",
+        "cdsgd_k2",
+        "cdsgd_k5",
+        "cdsgd_k10",
+        "cdsgd_k20",
+        "compute_only",
+      )
+    ),
+    help="comma-separated labels",
+  )
+  cd.add_argument("--seeds", type=int, default=3, help="runs per method")
+  cd.add_argument("--steps", type=int, default=600, help="steps per run")
+  cd.add_argument("--eval-every", type=int, default=100, help="eval interval")
+  cd.add_argument("--out", default="bench_out/", help="directory for cdsgd.*")
+  cd.set_defaults(func=_cdsgd)
   st = suites.add_parser(
     "step",
     help="ResNet-20 train step on virtual devices per compressor and plan: "

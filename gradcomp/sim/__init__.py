@@ -7,3 +7,10 @@ schemes, the training program and the benchmarks; imports compressors (for a
 profile's label) and models (for a model's workload and FLOPs), never fusion,
 schemes or bench.
 """
+
+from gradcomp.sim.delayed import delayed_exchange as delayed_exchange
+from gradcomp.sim.delayed import method_step_seconds as method_step_seconds
+from gradcomp.sim.delayed import saving_over_bitsgd as saving_over_bitsgd
+from gradcomp.sim.delayed import saving_over_local_update as saving_over_local_update
+from gradcomp.sim.delayed import simulate_delayed as simulate_delayed
+from gradcomp.sim.delayed import steady_step_seconds as steady_step_seconds
