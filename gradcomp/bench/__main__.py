@@ -21,7 +21,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradcomp.bench import compress, schemes, sketch
+from gradcomp.bench import cdsgd, compress, schemes, sketch
 from gradcomp.models import shapes
 
 
@@ -125,62 +125,47 @@ def _convergence(args: argparse.Namespace) -> None:
   )
 
 
-def _schemes(args: argparse.Namespace) -> None:
+def _seeded_suite(suite: str, module, args: argparse.Namespace, docs: bool) -> None:
+  """``module.run`` of a suite of seeded training runs (schemes, cdsgd).
+
+  ``--methods`` are ``module.METHODS`` labels; the figure goes to ``docs/``
+  with ``docs`` or with the defaults (methods, 3 seeds, 600 steps, eval
+  every 100).
+  """
   import jax
   from absl import logging
 
-  labels = _methods("schemes", args.methods, schemes.METHODS)
+  labels = _methods(suite, args.methods, module.METHODS)
   for name in ("seeds", "steps", "eval_every"):
     if getattr(args, name) < 1:
       flag = "--" + name.replace("_", "-")
       raise SystemExit(
-        f"python -m gradcomp.bench schemes: error: {flag} must be >= 1, "
+        f"python -m gradcomp.bench {suite}: error: {flag} must be >= 1, "
         f"got {getattr(args, name)}"
       )
   # Before any computation: virtual CPU devices must be configured first.
-  jax.config.update("jax_num_cpu_devices", schemes.WORKERS)
+  jax.config.update("jax_num_cpu_devices", module.WORKERS)
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   run_shape = (args.seeds, args.steps, args.eval_every)
-  defaults = labels == list(schemes.DEFAULT_METHODS) and run_shape == (3, 600, 100)
-  docs = Path(__file__).resolve().parents[2] / "docs"
-  schemes.run(
-    methods=[schemes.METHODS[x] for x in labels],
+  defaults = labels == list(module.DEFAULT_METHODS) and run_shape == (3, 600, 100)
+  module.run(
+    methods=[module.METHODS[x] for x in labels],
     seeds=args.seeds,
     steps=args.steps,
     eval_every=args.eval_every,
     out_dir=args.out,
-    docs_png=docs / "schemes.png" if (args.docs or defaults) else None,
+    docs_png=Path(__file__).resolve().parents[2] / "docs" / f"{suite}.png"
+    if (docs or defaults)
+    else None,
   )
+
+
+def _schemes(args: argparse.Namespace) -> None:
+  _seeded_suite("schemes", schemes, args, args.docs)
 
 
 def _cdsgd(args: argparse.Namespace) -> None:
-  import jax
-  from absl import logging
-
-  from gradcomp.bench import cdsgd
-
-  labels = _methods("cdsgd", args.methods, cdsgd.METHODS)
-  for name in ("seeds", "steps", "eval_every"):
-    if getattr(args, name) < 1:
-      flag = "--" + name.replace("_", "-")
-      raise SystemExit(
-        f"python -m gradcomp.bench cdsgd: error: {flag} must be >= 1, "
-        f"got {getattr(args, name)}"
-      )
-  # Before any computation: virtual CPU devices must be configured first.
-  jax.config.update("jax_num_cpu_devices", cdsgd.WORKERS)
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
-  run_shape = (args.seeds, args.steps, args.eval_every)
-  defaults = labels == list(cdsgd.DEFAULT_METHODS) and run_shape == (3, 600, 100)
-  docs = Path(__file__).resolve().parents[2] / "docs"
-  cdsgd.run(
-    methods=[cdsgd.METHODS[x] for x in labels],
-    seeds=args.seeds,
-    steps=args.steps,
-    eval_every=args.eval_every,
-    out_dir=args.out,
-    docs_png=docs / "cdsgd.png" if defaults else None,
-  )
+  _seeded_suite("cdsgd", cdsgd, args, docs=False)
 
 
 def _step(args: argparse.Namespace) -> None:
@@ -344,18 +329,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   cd.add_argument(
     "--methods",
-    default=",".join(
-      (
-        "ssgd",
-        "bitsgd",
-        "odsgd",
-        "cdsgd_k2",
-        "cdsgd_k5",
-        "cdsgd_k10",
-        "cdsgd_k20",
-        "compute_only",
-      )
-    ),
+    default=",".join(cdsgd.DEFAULT_METHODS),
     help="comma-separated labels",
   )
   cd.add_argument("--seeds", type=int, default=3, help="runs per method")

@@ -122,7 +122,7 @@ import numpy as np
 
 from gradcomp.bench import convergence
 from gradcomp.bench.convergence import _stats, run_one
-from gradcomp.bench.output import write_json
+from gradcomp.bench.output import publish
 
 #: Workers of every run (virtual devices).
 WORKERS = 8
@@ -535,15 +535,7 @@ def run(
     "wall_s": time.perf_counter() - t_start,
     "loadavg_end": list(os.getloadavg()),
   }
-  table = format_tables(result)
-  print(table)
-  path = write_json(out_dir, "schemes.json", result)
-  Path(out_dir, "schemes.md").write_text(table + "\n")
-  png = plot(result, Path(out_dir) / "schemes.png")
-  if docs_png is not None:
-    Path(docs_png).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(png, docs_png)
-  print(f"\nwrote {path}, schemes.md, {png.name} ({result['wall_s']:.0f} s)")
+  publish(out_dir, "schemes", result, format_tables(result), plot, docs_png)
   return result
 
 

@@ -1,0 +1,72 @@
+"""The CD-SGD suite's arithmetic (paper 001): claims, the measured-vs-model
+table, and the training program's exchange schedule against the time model."""
+
+import pytest
+
+import gradcomp
+from configs import default
+from gradcomp.bench import __main__ as bench_main
+from gradcomp.bench import cdsgd
+from train import optimizer
+
+
+def _summary(mean):
+  return {"final_accuracy": {"mean": mean, "std": 0.0}}
+
+
+def test_claims_hold_and_fail_by_their_rules():
+  good = {
+    "ssgd": _summary(0.980),
+    "bitsgd": _summary(0.950),
+    "cdsgd_k2": _summary(0.978),
+    "cdsgd_k5": _summary(0.970),
+    "cdsgd_k10": _summary(0.970),
+  }
+  assert [c["holds"] for c in cdsgd.accuracy_checks(good)] == [True, True, True]
+  bad = {**good, "cdsgd_k2": _summary(0.940), "cdsgd_k10": _summary(0.975)}
+  checks = cdsgd.accuracy_checks(bad)
+  assert [c["holds"] for c in checks] == [False, False, False]
+  assert checks[1]["difference_pp"] == pytest.approx(-4.0)
+  assert checks[2]["largest_rise_pp"] == pytest.approx(3.0)  # k=2 -> 5
+
+
+def test_measured_vs_model_is_eqs_2_to_7():
+  """tau = 1, phi = 2, delta + psi = 0.5 (ms): OD-SGD max(tau, phi) = 2;
+  CD-SGD k=2 averages one full and one compressed step: (2 + 1) / 2."""
+  rows = cdsgd.measured_vs_model(
+    {
+      "compute_only": 1e-3,
+      "ssgd": 3e-3,
+      "bitsgd": 1.5e-3,
+      "odsgd": 2e-3,
+      "cdsgd_k2": 2e-3,
+    }
+  )
+  got = {
+    r["method"]: (r["model_overlapped_ms"], r["model_sequential_ms"]) for r in rows
+  }
+  assert got["ssgd"] == pytest.approx((3.0, 3.0))
+  assert got["bitsgd"] == pytest.approx((1.5, 1.5))
+  assert got["odsgd"] == pytest.approx((2.0, 3.0))
+  assert got["cdsgd_k2"] == pytest.approx((1.5, 2.25))
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 4])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_program_schedule_agrees_with_the_time_model(warmup, k):
+  """What the training program counts on the wire each step
+  (``optimizer.cdsgd_exchanges``) is what ``sim.delayed_exchange`` prices,
+  except at the switch, where the program exchanges a zero message."""
+  config = default.get_config()
+  config.scheme = default.scheme("cdsgd", warmup_steps=warmup, k=k)
+  config.compressor.name = "threshold_quantize"
+  program = optimizer.cdsgd_exchanges(config)
+  for step in range(1, 16):
+    model = gradcomp.delayed_exchange(step, k=k, warmup_steps=warmup)
+    if model != "none":
+      assert program(step) == {"synchronous": "full"}.get(model, model), step
+
+
+def test_unknown_method_is_a_clear_error():
+  with pytest.raises(SystemExit, match="unknown --methods"):
+    bench_main.main(["cdsgd", "--methods", "cdsgd_k3"])
