@@ -70,3 +70,24 @@ def test_program_schedule_agrees_with_the_time_model(warmup, k):
 def test_unknown_method_is_a_clear_error():
   with pytest.raises(SystemExit, match="unknown --methods"):
     bench_main.main(["cdsgd", "--methods", "cdsgd_k3"])
+
+
+def test_prediction_for_a_described_cluster_is_the_closed_form():
+  """S-SGD = tau + phi, BIT-SGD = tau + delta + psi, OD-SGD = max(tau, phi),
+  CD-SGD k = ((k - 1) max(tau, delta + psi) + max(tau, phi)) / k."""
+  from gradcomp.bench import cdsgd_time
+
+  cluster = gradcomp.Cluster(4, bandwidth_gbps=1.0, flops_per_second=1e12)
+  rows = {
+    r["method"]: r for r in cdsgd_time.predict("resnet20", cluster, batch_per_worker=8)
+  }
+  t = rows["S-SGD"]
+  tau, phi, psi, delta = (t[f"{x}_ms"] for x in ("tau", "phi", "psi", "delta"))
+  assert rows["S-SGD"]["step_ms"] == pytest.approx(tau + phi)
+  assert rows["BIT-SGD"]["step_ms"] == pytest.approx(tau + delta + psi)
+  assert rows["OD-SGD"]["step_ms"] == pytest.approx(max(tau, phi))
+  cd5 = (4 * max(tau, delta + psi) + max(tau, phi)) / 5
+  assert rows["CD-SGD k=5"]["step_ms"] == pytest.approx(cd5)
+  assert phi > tau  # 1 Gbit/s: exchange-bound, so k matters
+  with pytest.raises(SystemExit, match="unknown --model"):
+    bench_main.main(["cdsgd-model", "--model", "alexnet"])

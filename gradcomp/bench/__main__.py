@@ -168,6 +168,42 @@ def _cdsgd(args: argparse.Namespace) -> None:
   _seeded_suite("cdsgd", cdsgd, args, docs=False)
 
 
+def _cdsgd_model(args: argparse.Namespace) -> None:
+  from gradcomp.bench import cdsgd_time
+  from gradcomp.models import shapes
+  from gradcomp.sim.cluster import Cluster
+
+  if args.model not in shapes.MODELS:
+    raise SystemExit(
+      f"python -m gradcomp.bench cdsgd-model: error: unknown --model "
+      f"{args.model!r}; known: {', '.join(shapes.MODELS)}"
+    )
+  try:
+    cluster = Cluster(
+      args.workers,
+      bandwidth_gbps=args.bandwidth_gbps,
+      latency_us=args.latency_us,
+      topology=args.topology,
+      flops_per_second=args.flops_per_second,
+    )
+    rows = cdsgd_time.predict(
+      args.model,
+      cluster,
+      batch_per_worker=args.batch,
+      memory_gbps=args.memory_gbps,
+    )
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench cdsgd-model: error: {e}") from e
+  print(
+    cdsgd_time.render_prediction(
+      rows,
+      f"Paper 001 eqs. 2-7: {args.model}, batch {args.batch} per worker, "
+      f"{args.workers} workers, {args.topology}, {args.bandwidth_gbps} Gbit/s, "
+      f"{args.flops_per_second:.3g} FLOP/s",
+    )
+  )
+
+
 def _step(args: argparse.Namespace) -> None:
   import jax
 
@@ -337,6 +373,26 @@ def main(argv: Sequence[str] | None = None) -> None:
   cd.add_argument("--eval-every", type=int, default=100, help="eval interval")
   cd.add_argument("--out", default="bench_out/", help="directory for cdsgd.*")
   cd.set_defaults(func=_cdsgd)
+  cm = suites.add_parser(
+    "cdsgd-model",
+    help="paper 001 eqs. 2-7: predicted step of S-SGD, BIT-SGD, OD-SGD and "
+    "CD-SGD for a model on a described cluster",
+  )
+  cm.add_argument("--model", default="resnet20", help="a gradcomp.models shape")
+  cm.add_argument("--batch", type=int, default=32, help="batch per worker")
+  cm.add_argument("--workers", type=int, default=4, help="workers (nodes)")
+  cm.add_argument("--bandwidth-gbps", type=float, default=56.0, help="link Gbit/s")
+  cm.add_argument("--latency-us", type=float, default=25.0, help="per message")
+  cm.add_argument(
+    "--topology", default="parameter_server", help="parameter_server or ring"
+  )
+  cm.add_argument(
+    "--flops-per-second", type=float, default=4.29e11, help="effective, per worker"
+  )
+  cm.add_argument(
+    "--memory-gbps", type=float, default=900.0, help="prices the codec (delta)"
+  )
+  cm.set_defaults(func=_cdsgd_model)
   st = suites.add_parser(
     "step",
     help="ResNet-20 train step on virtual devices per compressor and plan: "

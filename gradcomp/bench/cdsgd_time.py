@@ -545,3 +545,72 @@ def plot_table2(ax, rows: Sequence[Mapping[str, Any]]) -> None:
   ax.set(ylabel="epoch (s), ResNet-20 / CIFAR-10, K80")
   ax.legend(fontsize=7)
   ax.set_title("Table 2: paper vs simulated (eqs. 2-7)")
+
+
+def predict(
+  model: str,
+  cluster: Cluster,
+  *,
+  batch_per_worker: int,
+  memory_gbps: float = V100_HBM_GBPS,
+  ks: Sequence[int] = (2, 5, 10, 20),
+) -> list[dict[str, Any]]:
+  """Predicted steady step of S-SGD, BIT-SGD, OD-SGD and CD-SGD on a described cluster.
+
+  Paper 001 eqs. 2, 4, 5 and 7 (:func:`gradcomp.sim.delayed.steady_step_seconds`)
+  with ``tau`` the slowest worker's compute of ``model`` at
+  ``batch_per_worker`` (``cluster.compute_seconds``), ``phi`` the dense
+  exchange and ``psi`` the 2-bit one, one message per parameter array, priced
+  by ``cluster.comm_seconds`` in its own topology (a parameter server or an
+  all-reduce), and ``delta`` the threshold quantizer's memory-traffic floor at
+  ``memory_gbps``.
+
+  Returns:
+    One dict per method: ``method``, ``step_ms``, ``bound``, and the inputs.
+  """
+  cost = model_cost(model)
+  flops = training_flops(cost.forward_flops, batch_per_worker)
+  t = {
+    "tau": float(cluster.compute_seconds(flops, 1).max()),
+    "phi": float(cluster.comm_seconds({"all-reduce": (4 * cost.values, cost.arrays)})),
+    "psi": float(
+      cluster.comm_seconds(
+        {"all-gather": (cost.compressed_bytes, cost.compressed_messages)}
+      )
+    ),
+  }
+  (floor,) = [c.floor for c in COMPRESSORS if c.label == "threshold_quantize"]
+  t["delta"] = floor.bytes(cost.values) / (memory_gbps * 1e9)
+  labels = ["S-SGD", "BIT-SGD", "OD-SGD", *(f"CD-SGD k={k}" for k in ks)]
+  rows = []
+  for label in labels:
+    method, k = _method(label)
+    rows.append(
+      {
+        "method": label,
+        "step_ms": 1e3 * _price(label, t),
+        "bound": _bound(method, k, t),
+        **{f"{name}_ms": 1e3 * v for name, v in t.items()},
+      }
+    )
+  return rows
+
+
+def render_prediction(rows: Sequence[Mapping[str, Any]], title: str) -> str:
+  """Markdown of :func:`predict`'s rows."""
+  first = rows[0]
+  lines = [
+    f"### {title}",
+    "",
+    "tau {tau_ms:,.3f} ms, phi {phi_ms:,.3f} ms, psi {psi_ms:,.3f} ms, "
+    "delta {delta_ms:,.3f} ms".format(**first),
+    "",
+    "| method | step (ms) | speedup over S-SGD | bound |",
+    "| --- | ---: | ---: | --- |",
+  ]
+  for r in rows:
+    lines.append(
+      f"| {r['method']} | {r['step_ms']:,.3f} | "
+      f"{first['step_ms'] / r['step_ms']:.2f} | {r['bound']} |"
+    )
+  return "\n".join(lines)
