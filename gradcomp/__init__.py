@@ -35,6 +35,13 @@ from gradcomp.fusion.profiling import profile_for as profile_for
 from gradcomp.fusion.search import heuristic_search as heuristic_search
 from gradcomp.fusion.search import optimal_search as optimal_search
 from gradcomp.fusion.search import search_plan as search_plan
+from gradcomp.parallel.topology import Topology as Topology
+from gradcomp.parallel.topology import complete as complete
+from gradcomp.parallel.topology import exponential as exponential
+from gradcomp.parallel.topology import get as get_topology  # noqa: F401 (get: the registry)
+from gradcomp.parallel.topology import one_peer_exponential as one_peer_exponential
+from gradcomp.parallel.topology import ring as ring
+from gradcomp.parallel.topology import torus as torus
 from gradcomp.parallel.wire import wire_bytes as wire_bytes
 from gradcomp.parallel.workers import add_worker_axis as add_worker_axis
 from gradcomp.parallel.workers import drop_worker_axis as drop_worker_axis
@@ -42,6 +49,10 @@ from gradcomp.schemes.cdsgd import CDSGDState as CDSGDState
 from gradcomp.schemes.cdsgd import cdsgd as cdsgd
 from gradcomp.schemes.easgd import EASGDState as EASGDState
 from gradcomp.schemes.easgd import easgd as easgd
+from gradcomp.schemes.gosgd import GoSGDState as GoSGDState
+from gradcomp.schemes.gosgd import gosgd as gosgd
+from gradcomp.schemes.gossip import GossipState as GossipState
+from gradcomp.schemes.gossip import gossip as gossip
 from gradcomp.schemes.local_sgd import LocalSGDState as LocalSGDState
 from gradcomp.schemes.local_sgd import local_sgd as local_sgd
 from gradcomp.sim.clock import SimClock as SimClock
@@ -59,6 +70,9 @@ from gradcomp.sim.delayed import saving_over_bitsgd as saving_over_bitsgd
 from gradcomp.sim.delayed import saving_over_local_update as saving_over_local_update
 from gradcomp.sim.delayed import simulate_delayed as simulate_delayed
 from gradcomp.sim.delayed import steady_step_seconds as steady_step_seconds
+from gradcomp.sim.gossip import gossip_step_seconds as gossip_step_seconds
+from gradcomp.sim.gossip import gossip_worker_seconds as gossip_worker_seconds
+from gradcomp.sim.gossip import simulate_gossip as simulate_gossip
 from gradcomp.sim.profile import Profile as Profile
 from gradcomp.sim.timeline import CostModel as CostModel
 from gradcomp.sim.timeline import Timeline as Timeline

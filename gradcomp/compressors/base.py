@@ -121,6 +121,7 @@ def leafwise(
     leaf_states = treedef.flatten_up_to(state.leaves)
     key, step_key = jax.random.split(state.key)
     if agree_key_over is not None:
+      exchange._global_only(agree_key_over, "a key agreed (pmax)")
       step_key = jax.lax.pmax(step_key, agree_key_over)
     outputs, new_states = [], []
     for i, (g, s) in enumerate(zip(leaves, leaf_states, strict=True)):

@@ -5,6 +5,13 @@ and a compressor runs on one device. Gathers are requested *invariant*
 (``to="invarying"``): every worker receives the same stacked payloads, so the
 decoded mean is typed as replicated and can leave ``shard_map`` with
 ``out_specs=P()``.
+
+**Pluggable exchange.** ``axis_name`` may also be a :class:`Neighbours`: the
+same codec then encodes once and its payload meets only the worker's
+in-neighbours of a gossip topology, through one ``ppermute`` per edge, and a
+"mean" becomes the topology's weighted mix ``sum_j W[i, j] decode(p_j)``
+(survey 004 §2.3; CHOCO-SGD, Koloskova et al. 2019). Exchanges that need a
+global reduction (all-reduce, an agreed key) raise a ``ValueError`` there.
 """
 
 from __future__ import annotations
@@ -17,18 +24,76 @@ import jax.numpy as jnp
 from gradcomp.kernels import hashing
 from gradcomp.parallel import branches
 
-AxisName = str | tuple[str, ...] | None
+
+class Neighbours:
+  """The in-neighbours of a gossip topology at one step, as an exchange pattern.
+
+  Passed as a compressor's ``axis_name`` (``spec.build(axis_name=Neighbours(
+  ...))``): its gathered means become ``sum_j W_t[i, j] decode(p_j)``, with
+  the payload on ``collective-permute`` in the codec's wire format, and
+  ``num_workers`` is 1 (the mixing weights already sum to 1). Each exchange
+  also records, in call order, the worker's own decoded payload (``own``)
+  and the mix (``mixed``): CHOCO-SGD needs both, and a codec's output may
+  post-process the mix (signSGD's majority vote). Built afresh inside each
+  traced update, so the records never outlive one trace.
+
+  Args:
+    topology: a :class:`gradcomp.parallel.topology.Topology`.
+    step: the step count (traced int32) choosing the topology's phase.
+    axis: the mesh axis of the workers.
+  """
+
+  def __init__(self, topology, step, axis: str):
+    self.topology, self.step, self.axis = topology, step, axis
+    self.own: list[jax.Array] = []
+    self.mixed: list[jax.Array] = []
+
+  def __repr__(self) -> str:
+    return (
+      f"Neighbours({getattr(self.topology, 'name', self.topology)!r}, {self.axis!r})"
+    )
+
+  def exchange(self, payload, decode: Callable[..., jax.Array]) -> jax.Array:
+    from gradcomp.parallel import topology
+
+    own = decode(*payload)
+    mixed = topology.mix_decoded(
+      self.topology, tuple(payload), lambda p: decode(*p), self.step, self.axis
+    )
+    self.own.append(own)
+    self.mixed.append(mixed)
+    return mixed
+
+
+def _global_only(axis_name, what: str) -> None:
+  if isinstance(axis_name, Neighbours):
+    raise ValueError(
+      f"this compressor needs {what} over all workers, which a gossip exchange "
+      "with neighbours cannot provide; in gossip use a codec whose payloads "
+      "are gathered (topk, dgc, qsgd, terngrad, threshold_quantize, "
+      "ef_signsgd)"
+    )
+
+
+AxisName = str | tuple[str, ...] | Neighbours | None
 
 
 def num_workers(axis_name: AxisName) -> int:
-  """Static number of workers along ``axis_name`` (1 when it is ``None``)."""
-  return 1 if axis_name is None else jax.lax.axis_size(axis_name)
+  """Static number of workers along ``axis_name`` (1 when it is ``None``).
+
+  1 for :class:`Neighbours` too: its mixing weights are already normalised.
+  """
+  if axis_name is None or isinstance(axis_name, Neighbours):
+    return 1
+  return jax.lax.axis_size(axis_name)
 
 
 def worker_key(key: jax.Array, axis_name: AxisName) -> jax.Array:
   """A PRNG key independent between workers, derived from a shared one."""
   if axis_name is None:
     return key
+  if isinstance(axis_name, Neighbours):
+    axis_name = axis_name.axis
   return hashing.derive(key, jax.lax.axis_index(axis_name))
 
 
@@ -68,6 +133,7 @@ def vary_like(new, old):
 
 def all_reduce_sum(x, axis_name: AxisName):
   """Sum of a pytree of linear payloads over workers (all-reduce)."""
+  _global_only(axis_name, "an all-reduce")
   # Linear payloads are dense or tiny: nothing to protect from re-fusion.
   return x if axis_name is None else jax.lax.psum(x, axis_name)
 
@@ -82,12 +148,14 @@ def all_reduce_mean(x, axis_name: AxisName):
   """
   if axis_name is None:
     return x
+  _global_only(axis_name, "an all-reduce")
   n = num_workers(axis_name)
   return jax.lax.psum(jax.tree.map(lambda a: a / n, x), axis_name)
 
 
 def all_gather(x, axis_name: AxisName):
   """Stacks a pytree of payloads from all workers on a new leading axis."""
+  _global_only(axis_name, "an all-gather")
   if axis_name is None:
     return jax.tree.map(lambda a: a[None], _on_one_device(x))
   return jax.tree.map(lambda a: jax.lax.all_gather(a, axis_name, to="invarying"), x)
@@ -100,6 +168,8 @@ def gathered_sum(payload, decode: Callable[..., jax.Array], axis_name: AxisName)
   stacked (workers, d) array hits a slow path (PERFORMANCE_NOTES: 1.1 s vs 42 ms
   for 25.6M x 8) and materialises every decoded copy.
   """
+  if isinstance(axis_name, Neighbours):
+    return axis_name.exchange(payload, decode)
   gathered = all_gather(payload, axis_name)
   n = jax.tree.leaves(gathered)[0].shape[0]
   total = decode(*jax.tree.map(lambda a: a[0], gathered))

@@ -20,6 +20,12 @@ def gather_mean(
 
   Index ``size`` marks an empty slot (dropped).
   """
+  if isinstance(axis_name, exchange.Neighbours):  # decoded by each receiver
+    return exchange.gathered_sum(
+      (values, indices),
+      lambda v, i: jnp.zeros((size,), jnp.float32).at[i].add(v, mode="drop"),
+      axis_name,
+    )
   n = exchange.num_workers(axis_name)
   all_values, all_indices = exchange.all_gather((values, indices), axis_name)
   return exchange.scatter_mean(all_values, all_indices, size, n)

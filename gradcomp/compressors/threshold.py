@@ -52,11 +52,9 @@ def threshold_quantize(
     size = x.size
     ternary = (x >= t).astype(jnp.float32) - (x <= -t).astype(jnp.float32)
     packed = bits.pack_ternary(ternary)
-    n = exchange.num_workers(axis_name)
-    codes = exchange.gathered_sum(
-      (packed,), lambda p: bits.unpack_ternary(p, size), axis_name
-    )
-    mean = (codes * (t / n)).reshape(x.shape)
+    mean = exchange.gathered_mean(
+      (packed,), lambda p: bits.unpack_ternary(p, size) * t, axis_name
+    ).reshape(x.shape)
     return mean, x - ternary * t, state
 
   return leafwise(error_feedback(LeafCodec(stateless_init, apply)))

@@ -2,10 +2,11 @@
 
 Paper 000 §4.3 (eq. 7) and DESIGN §6. ``cluster`` describes workers (speeds,
 slowdowns, failures) and links; ``clock`` advances simulated time on such a
-cluster step by step, for the training program. Shared by LayerFusion, the
-schemes, the training program and the benchmarks; imports compressors (for a
-profile's label) and models (for a model's workload and FLOPs), never fusion,
-schemes or bench.
+cluster step by step, for the training program; ``gossip`` prices
+decentralized steps, where each worker waits only for its neighbours. Shared
+by LayerFusion, the schemes, the training program and the benchmarks; imports
+compressors (for a profile's label), models (for a model's workload and FLOPs)
+and parallel (gossip topologies), never fusion, schemes or bench.
 """
 
 from gradcomp.sim.delayed import delayed_exchange as delayed_exchange
@@ -14,3 +15,6 @@ from gradcomp.sim.delayed import saving_over_bitsgd as saving_over_bitsgd
 from gradcomp.sim.delayed import saving_over_local_update as saving_over_local_update
 from gradcomp.sim.delayed import simulate_delayed as simulate_delayed
 from gradcomp.sim.delayed import steady_step_seconds as steady_step_seconds
+from gradcomp.sim.gossip import gossip_step_seconds as gossip_step_seconds
+from gradcomp.sim.gossip import gossip_worker_seconds as gossip_worker_seconds
+from gradcomp.sim.gossip import simulate_gossip as simulate_gossip
