@@ -79,6 +79,9 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   ``local_learning_rate``, ``k``, ``warmup_steps``, ``message_scale`` and
   ``flush_residual``; ``config.optimizer`` is then its global (server)
   optimizer and ``config.compressor`` its compressor (``none``: OD-SGD).
+  ``gossip`` takes ``topology`` (ring, torus, exponential,
+  one_peer_exponential, complete) and, with a compressor (CHOCO-SGD),
+  ``gamma``; ``gosgd`` takes ``p``.
   """
   c = ml_collections.ConfigDict()
   c.name = name
@@ -92,6 +95,9 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("warmup_steps", int),
     ("message_scale", float),
     ("flush_residual", bool),
+    ("topology", str),
+    ("gamma", float),
+    ("p", float),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)
@@ -133,7 +139,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.fusion.plan = "auto"  # layerwise | single | auto | none
   config.fusion.search = "heuristic"  # for "auto": heuristic | optimal
 
-  config.scheme = scheme("none")  # none | local_sgd | easgd | cdsgd
+  config.scheme = scheme("none")  # none|local_sgd|easgd|cdsgd|gossip|gosgd
   config.cluster = cluster()
 
   config.optimizer = ml_collections.ConfigDict()

@@ -142,8 +142,14 @@ CDSGD = {
 }
 
 
+# GoSGD: pushes through collective-permutes that cross the processes.
+GOSGD = {"scheme.name": "gosgd", "scheme.p": 0.5, "compressor.name": "none"}
+
+
 @pytest.mark.parametrize(
-  "scheme", [{}, SCHEME, CDSGD], ids=["synchronous", "local_sgd", "cdsgd"]
+  "scheme",
+  [{}, SCHEME, CDSGD, GOSGD],
+  ids=["synchronous", "local_sgd", "cdsgd", "gosgd"],
 )
 def test_two_processes_train_as_one(tmp_path, scheme):
   if reason := gloo_missing():

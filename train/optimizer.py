@@ -149,6 +149,8 @@ SCHEMES = {
   "local_sgd": gradcomp.local_sgd,
   "easgd": gradcomp.easgd,
   "cdsgd": gradcomp.cdsgd,
+  "gossip": gradcomp.gossip,
+  "gosgd": gradcomp.gosgd,
 }
 #: Fields of ``config.scheme`` that build ``outer`` (DiLoCo's Nesterov SGD)
 #: rather than being keywords of the factory.
@@ -169,7 +171,8 @@ def scheme_name(config) -> str:
 def round_steps(config) -> Callable[[int], bool]:
   """Which training steps (1-based) exchange: ``step -> bool``.
 
-  Synchronous training and CD-SGD exchange every step; local SGD after every
+  Synchronous training, CD-SGD, gossip and GoSGD exchange every step (the
+  last two with neighbours only, no barrier); local SGD after every
   ``every``-th step; EASGD on steps ``1, 1 + every, ...`` (its count before
   the step is a multiple of ``every``).
   """
@@ -293,6 +296,14 @@ def create(
   )
   if scheme_name(config) == "none":
     tx = optax.chain(inner, *parts)
+  elif scheme_name(config) == "gossip":
+    # CHOCO rebuilds the codec for the neighbour exchange, per leaf: no fusion.
+    choco = (
+      None
+      if config.compressor.name == "none"
+      else compressor(config.compressor, axis_name)
+    )
+    tx = _scheme(config, optax.chain(*parts), choco, axis_name)
   else:
     # The dense mean is the scheme's own default: no compressor in between.
     pseudo = None if config.compressor.name == "none" else inner

@@ -25,10 +25,10 @@ from jax.sharding import PartitionSpec as P
 
 import gradcomp
 from gradcomp.models import zoo as models
-from gradcomp.parallel import wire, workers
+from gradcomp.parallel import wire
 from train import checkpoint as checkpoint_lib
 from train import data as data_lib
-from train import logs
+from train import logs, pricing
 from train import optimizer as optimizer_lib
 from train import step as step_lib
 
@@ -155,89 +155,6 @@ def evaluate_workers(
   }
 
 
-def _round_wire(round_tx, mesh, params) -> dict[str, int]:
-  """Bytes per collective kind of one exchange round, from its compiled HLO.
-
-  ``round_tx`` runs on the params' tree (per-worker values, as the
-  pseudo-gradients or params a round sends), under ``shard_map`` on the mesh.
-  """
-  sharded = NamedSharding(mesh, P(step_lib.AXIS))
-  like = lambda tree: jax.tree.map(
-    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharded), tree
-  )
-  one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), params)
-  state = jax.eval_shape(
-    lambda: gradcomp.add_worker_axis(round_tx.init(one), mesh.size)
-  )
-  update = jax.jit(workers.sharded_update(round_tx, mesh, step_lib.AXIS))
-  text = update.lower(like(params), like(state)).compile().as_text()
-  return wire.collective_bytes(text)
-
-
-def _amortised_bytes(step_wire, round_wire, is_round, num_steps: int) -> float:
-  """Bytes per step over the run: every step's own collectives, plus the
-  round's on the steps that have one.
-
-  A step's compiled HLO holds the round's collectives once (inside the
-  conditional that runs them), beside the every-step ones (the finite-step
-  agreement, logged means).
-  """
-  per_step = sum(step_wire.values()) - sum(round_wire.values())
-  rounds = sum(is_round(s) for s in range(1, num_steps + 1))
-  return per_step + sum(round_wire.values()) * rounds / max(num_steps, 1)
-
-
-def _cdsgd_wire(config, plan, mesh, params, step_wire, num_steps):
-  """CD-SGD's two exchanges (from their compiled HLO) and its bytes per step.
-
-  Returns ``(full, compressed, bytes_per_step)``: ``full`` is the dense
-  all-reduce of a message (or of a warm-up gradient), ``compressed`` the
-  compressor's exchange (``{}`` when no step compresses). The step's HLO
-  holds the full all-reduce once per branch that runs it (the correction,
-  and the warm-up with ``warmup_steps >= 2``) and the compressed exchange
-  once; what it sends besides (metrics, the finite-step agreement) is sent
-  every step. Each step then adds the exchange it runs
-  (``optimizer.cdsgd_exchanges``).
-  """
-  full = _round_wire(gradcomp.none(step_lib.AXIS), mesh, params)
-  kind = optimizer_lib.cdsgd_exchanges(config)
-  kinds = [kind(s) for s in range(1, num_steps + 1)]
-  compressed = {}
-  if "compressed" in kinds or config.scheme.warmup_steps == 1:
-    exchange = optimizer_lib.round_exchange(config, step_lib.AXIS, plan)
-    compressed = _round_wire(exchange, mesh, params)
-  full_copies = 1 + (config.scheme.warmup_steps >= 2)
-  other = (
-    sum(step_wire.values())
-    - full_copies * sum(full.values())
-    - sum(compressed.values())
-  )
-  sizes = {"full": sum(full.values()), "compressed": sum(compressed.values())}
-  per_step = other + sum(sizes[k] for k in kinds) / max(num_steps, 1)
-  drop_zero = lambda wire: {k: b for k, b in wire.items() if b}
-  return drop_zero(full), drop_zero(compressed), per_step
-
-
-def cluster_of(config, workers: int) -> gradcomp.Cluster:
-  """The described cluster of ``config.cluster`` (defaults: homogeneous, 20 Gbps)."""
-  cfg = config.get("cluster") or {}
-  kwargs = {k: v for k, v in dict(cfg).items() if v is not None}
-  if "speeds" in kwargs:
-    kwargs["speeds"] = tuple(float(v) for v in kwargs["speeds"])
-  try:
-    return gradcomp.Cluster(workers, **kwargs)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"config.cluster: {e}") from e
-
-
-def flops_per_step(model, ds: data_lib.Dataset, batch_per_worker: int) -> float:
-  """One worker's training FLOPs per step, from the model's jaxpr (DESIGN §6)."""
-  sample = jax.ShapeDtypeStruct((1, *ds.input_shape), ds.x_train.dtype)
-  return gradcomp.training_flops(
-    gradcomp.forward_flops_per_sample(model, sample), batch_per_worker
-  )
-
-
 def _write_sim_file(workdir: Path, **fields) -> None:
   """``sim.json``: what the simulated clock priced, for re-pricing elsewhere."""
   (workdir / SIM_FILE).write_text(json.dumps(fields, indent=2) + "\n")
@@ -361,42 +278,16 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   step_wire = wire.collective_bytes(
     train_step.lower(params, model_state, opt_state, example).compile().as_text()
   )
-  is_round = optimizer_lib.round_steps(config)
   scheme = optimizer_lib.scheme_name(config)
-  flops = flops_per_step(model, ds, batch_size // mesh.size)
-  cluster = cluster_of(config, mesh.size)
-  sim_fields = {}
-  if scheme == "cdsgd":
-    full, compressed, wire_bytes = _cdsgd_wire(
-      config, plan, mesh, state["params"], step_wire, num_steps
-    )
-    round_wire = compressed or full
-    sim_fields = {"full_wire": full, "compressed_wire": compressed}
-    # Paper 001 eqs. 6-7: the exchange runs under the next step's compute.
-    sim_seconds = gradcomp.simulate_delayed(
-      cluster,
-      flops,
-      full,
-      compressed or None,
-      k=config.scheme.get("k") or 2,
-      warmup_steps=config.scheme.warmup_steps,
-      steps=num_steps,
-    )
-  else:
-    if scheme == "none":  # Every step is an exchange round.
-      round_wire, wire_bytes = step_wire, sum(step_wire.values())
-    else:
-      round_wire = _round_wire(
-        optimizer_lib.round_exchange(config, step_lib.AXIS, plan),
-        mesh,
-        state["params"],
-      )
-      wire_bytes = _amortised_bytes(step_wire, round_wire, is_round, num_steps)
-    round_wire = {k: b for k, b in round_wire.items() if b}
-    # Pure in its inputs: a resumed run recomputes the same clock.
-    sim_seconds = gradcomp.simulate_rounds(
-      cluster, flops, is_round, round_wire, num_steps
-    )
+  flops = pricing.flops_per_step(model, ds, batch_size // mesh.size)
+  priced = pricing.price(
+    config, plan, mesh, state["params"], step_wire, num_steps, flops
+  )
+  wire_bytes, round_wire, sim_seconds = (
+    priced.wire_bytes_per_step,
+    priced.round_wire,
+    priced.sim_seconds,
+  )
 
   def sim_at(step: int) -> float | None:
     seconds = float(sim_seconds[step])
@@ -408,7 +299,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       flops_per_step=flops,
       round_wire=round_wire,
       wire_bytes_per_step=wire_bytes,
-      **sim_fields,
+      **priced.fields,
     )
   writer = logs.MetricWriter(workdir, resume_step=start, enabled=lead)
   progress = logs.Progress(num_steps, enabled=lead)

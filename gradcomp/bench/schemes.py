@@ -41,7 +41,7 @@ then the mean of workers 24 steps into a round, never sent.
 
 **Bytes per step** is the run's logged ``wire_bytes_per_step``: the operand
 bytes per worker of the collectives in the compiled step (DESIGN §4),
-amortised over the rounds (``train.train._amortised_bytes``): the round's
+amortised over the rounds (``train.pricing.amortised_bytes``): the round's
 bytes times rounds / steps, plus what every step sends besides: 16 bytes for
 ``sync`` (three logged metric means and the non-finite agreement), 20 for a
 scheme (one more metric). **Bytes per round** are the round's collectives
@@ -444,7 +444,7 @@ def run(
 
   import gradcomp
   from gradcomp.bench.compress import machine_info
-  from train import optimizer, train
+  from train import optimizer, pricing
 
   if methods is None:
     methods = [METHODS[m] for m in DEFAULT_METHODS]
@@ -486,7 +486,7 @@ def run(
         inputs = priced_inputs(workdir)
         flops, wire = inputs["flops_per_step"], inputs["round_wire"]
         is_round = optimizer.round_steps(config)
-        every = {**described, "program": train.cluster_of(config, WORKERS)}
+        every = {**described, "program": pricing.cluster_of(config, WORKERS)}
         priced[m.label] = {
           "flops_per_step": flops,
           "round_wire": wire,

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from gradcomp.kernels import hashing
-from gradcomp.parallel import branches
+from gradcomp.parallel import branches, topology
 
 
 class Neighbours:
@@ -54,8 +54,6 @@ class Neighbours:
     )
 
   def exchange(self, payload, decode: Callable[..., jax.Array]) -> jax.Array:
-    from gradcomp.parallel import topology
-
     own = decode(*payload)
     mixed = topology.mix_decoded(
       self.topology, tuple(payload), lambda p: decode(*p), self.step, self.axis

@@ -1,0 +1,212 @@
+"""What a run sends and how long it would take: bytes per step and the simulated clock.
+
+DESIGN §4 (bytes from the compiled HLO) and §6 (simulated time on a
+described cluster). The step's HLO holds every branch a scheme may take
+(local SGD's round, CD-SGD's two exchanges, each gossip phase), so the
+bytes a step actually sends are rebuilt from the branches and the scheme's
+schedule, and each scheme's clock is the one its waiting pattern needs:
+
+* synchronous SGD, local SGD, EASGD: a barrier at each exchange round
+  (``gradcomp.simulate_rounds``);
+* CD-SGD: the exchange of step t under step t+1's compute
+  (``gradcomp.simulate_delayed``, paper 001 eqs. 6-7);
+* gossip and GoSGD: each worker waits for its in-neighbours only
+  (``gradcomp.simulate_gossip``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import gradcomp
+from gradcomp.parallel import wire, workers
+from train import data as data_lib
+from train import optimizer as optimizer_lib
+from train import step as step_lib
+
+
+class Priced(NamedTuple):
+  """A run's wire and simulated clock.
+
+  Attributes:
+    wire_bytes_per_step: bytes one worker sends per step, over the run.
+    round_wire: ``{kind: bytes}`` of one exchange (for the log line and
+      re-pricing; the whole step for synchronous training).
+    sim_seconds: float64, shape ``(steps + 1,)``: simulated seconds after
+      each step.
+    fields: more inputs of the clock, saved in ``sim.json``.
+  """
+
+  wire_bytes_per_step: float
+  round_wire: dict[str, int]
+  sim_seconds: np.ndarray
+  fields: dict[str, Any]
+
+
+def round_wire(round_tx, mesh, params) -> dict[str, int]:
+  """Bytes per collective kind of one exchange round, from its compiled HLO.
+
+  ``round_tx`` runs on the params' tree (per-worker values, as the
+  pseudo-gradients or params a round sends), under ``shard_map`` on the mesh.
+  """
+  sharded = NamedSharding(mesh, P(step_lib.AXIS))
+  like = lambda tree: jax.tree.map(
+    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharded), tree
+  )
+  one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), params)
+  state = jax.eval_shape(
+    lambda: gradcomp.add_worker_axis(round_tx.init(one), mesh.size)
+  )
+  update = jax.jit(workers.sharded_update(round_tx, mesh, step_lib.AXIS))
+  text = update.lower(like(params), like(state)).compile().as_text()
+  return wire.collective_bytes(text)
+
+
+def amortised_bytes(step_wire, round_wire, is_round, num_steps: int) -> float:
+  """Bytes per step over the run: every step's own collectives, plus the
+  round's on the steps that have one.
+
+  A step's compiled HLO holds the round's collectives once (inside the
+  conditional that runs them), beside the every-step ones (the finite-step
+  agreement, logged means).
+  """
+  per_step = sum(step_wire.values()) - sum(round_wire.values())
+  rounds = sum(is_round(s) for s in range(1, num_steps + 1))
+  return per_step + sum(round_wire.values()) * rounds / max(num_steps, 1)
+
+
+def _cdsgd_wire(config, plan, mesh, params, step_wire, num_steps):
+  """CD-SGD's two exchanges (from their compiled HLO) and its bytes per step.
+
+  Returns ``(full, compressed, bytes_per_step)``: ``full`` is the dense
+  all-reduce of a message (or of a warm-up gradient), ``compressed`` the
+  compressor's exchange (``{}`` when no step compresses). The step's HLO
+  holds the full all-reduce once per branch that runs it (the correction,
+  and the warm-up with ``warmup_steps >= 2``) and the compressed exchange
+  once; what it sends besides (metrics, the finite-step agreement) is sent
+  every step. Each step then adds the exchange it runs
+  (``optimizer.cdsgd_exchanges``).
+  """
+  full = round_wire(gradcomp.none(step_lib.AXIS), mesh, params)
+  kind = optimizer_lib.cdsgd_exchanges(config)
+  kinds = [kind(s) for s in range(1, num_steps + 1)]
+  compressed = {}
+  if "compressed" in kinds or config.scheme.warmup_steps == 1:
+    exchange = optimizer_lib.round_exchange(config, step_lib.AXIS, plan)
+    compressed = round_wire(exchange, mesh, params)
+  full_copies = 1 + (config.scheme.warmup_steps >= 2)
+  other = (
+    sum(step_wire.values())
+    - full_copies * sum(full.values())
+    - sum(compressed.values())
+  )
+  sizes = {"full": sum(full.values()), "compressed": sum(compressed.values())}
+  per_step = other + sum(sizes[k] for k in kinds) / max(num_steps, 1)
+  drop_zero = lambda wire: {k: b for k, b in wire.items() if b}
+  return drop_zero(full), drop_zero(compressed), per_step
+
+
+def cluster_of(config, workers: int) -> gradcomp.Cluster:
+  """The described cluster of ``config.cluster`` (defaults: homogeneous, 20 Gbps)."""
+  cfg = config.get("cluster") or {}
+  kwargs = {k: v for k, v in dict(cfg).items() if v is not None}
+  if "speeds" in kwargs:
+    kwargs["speeds"] = tuple(float(v) for v in kwargs["speeds"])
+  try:
+    return gradcomp.Cluster(workers, **kwargs)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.cluster: {e}") from e
+
+
+def flops_per_step(model, ds: data_lib.Dataset, batch_per_worker: int) -> float:
+  """One worker's training FLOPs per step, from the model's jaxpr (DESIGN §6)."""
+  sample = jax.ShapeDtypeStruct((1, *ds.input_shape), ds.x_train.dtype)
+  return gradcomp.training_flops(
+    gradcomp.forward_flops_per_sample(model, sample), batch_per_worker
+  )
+
+
+def _gossip_wire(config, step_wire, workers_: int):
+  """Gossip / GoSGD: (bytes per step, bytes of one message, topology priced).
+
+  The step's HLO holds every branch's ``collective-permute``s: each phase of
+  the topology (gossip), or each of the ``n - 1`` push shifts (GoSGD, whose
+  one message per worker is priced as a one-peer topology). A step runs one
+  branch.
+  """
+  name = optimizer_lib.scheme_name(config)
+  permuted = step_wire.get("collective-permute", 0)
+  other = sum(step_wire.values()) - permuted
+  if name == "gosgd":
+    branches = messages = max(workers_ - 1, 1)
+    topology = gradcomp.get_topology("one_peer_exponential", workers_)
+  else:
+    topology = gradcomp.get_topology(config.scheme.topology, workers_)
+    branches = len(topology.phases)
+    messages = sum(len(p.edges) for p in topology.phases)
+  per_message = permuted / max(messages, 1)
+  return other + permuted / branches, per_message, topology
+
+
+def price(config, plan, mesh, params, step_wire, num_steps, flops) -> Priced:
+  """The run's bytes per step and simulated clock (see the module docstring).
+
+  Args:
+    config: the run's config.
+    plan: its LayerFusion plan (or ``None``).
+    mesh: the workers' mesh.
+    params: the params with their worker axis (per-worker schemes) or
+      replicated, as the program holds them.
+    step_wire: ``{kind: bytes}`` of the compiled training step.
+    num_steps: the run's steps.
+    flops: one worker's training FLOPs per step.
+  """
+  name = optimizer_lib.scheme_name(config)
+  cluster = cluster_of(config, mesh.size)
+  if name == "cdsgd":
+    full, compressed, per_step = _cdsgd_wire(
+      config, plan, mesh, params, step_wire, num_steps
+    )
+    # Paper 001 eqs. 6-7: the exchange runs under the next step's compute.
+    seconds = gradcomp.simulate_delayed(
+      cluster,
+      flops,
+      full,
+      compressed or None,
+      k=config.scheme.get("k") or 2,
+      warmup_steps=config.scheme.warmup_steps,
+      steps=num_steps,
+    )
+    fields = {"full_wire": full, "compressed_wire": compressed}
+    return Priced(per_step, compressed or full, seconds, fields)
+  if name in ("gossip", "gosgd"):
+    per_step, message, topology = _gossip_wire(config, step_wire, mesh.size)
+    # D-PSGD sends the params the gradient was taken at (overlapped); CHOCO
+    # and GoSGD send what the step computed.
+    overlap = name == "gossip" and config.compressor.name == "none"
+    seconds = gradcomp.simulate_gossip(
+      cluster, flops, topology, message, num_steps, overlap=overlap
+    )
+    fields = {
+      "message_bytes": message,
+      "topology": topology.summary(),
+      "overlap": overlap,
+    }
+    return Priced(per_step, {"collective-permute": int(message)}, seconds, fields)
+  is_round = optimizer_lib.round_steps(config)
+  if name == "none":  # Every step is an exchange round.
+    round_wire_, per_step = step_wire, sum(step_wire.values())
+  else:
+    round_wire_ = round_wire(
+      optimizer_lib.round_exchange(config, step_lib.AXIS, plan), mesh, params
+    )
+    per_step = amortised_bytes(step_wire, round_wire_, is_round, num_steps)
+  round_wire_ = {k: b for k, b in round_wire_.items() if b}
+  # Pure in its inputs: a resumed run recomputes the same clock.
+  seconds = gradcomp.simulate_rounds(cluster, flops, is_round, round_wire_, num_steps)
+  return Priced(per_step, round_wire_, seconds, {})
