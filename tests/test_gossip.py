@@ -125,7 +125,7 @@ def test_one_peer_exponential_averages_exactly_in_log2_n_steps():
   for k in grads:
     grads[k][1:] = 0.0
   got, _ = _run(tx, params, grads)
-  for k, p in params.items():
+  for k in params:
     spread = got[k] - got[k].mean(0)
     # Step 1 mixes equal params (x_0 replicated); steps 2-4 are the three phases.
     assert np.max(np.abs(spread)) <= 8 * U * np.max(np.abs(got[k])) * 3, k
@@ -212,6 +212,29 @@ def test_choco_reaches_consensus_and_keeps_the_average(compressor, gamma, steps)
     assert spread <= 1e-3 * spread0, (k, spread, spread0)
     err = np.max(np.abs(got[k].mean(0) - start.mean(0)))
     assert err <= _bound({k: start}, steps=steps, degree=4), (k, err)
+
+
+def test_without_public_copies_compressed_gossip_stalls():
+  """The scheme CHOCO fixes (Carli et al. 2007's Q2 gossip on top-k params):
+  what top-k drops is never exchanged, so the spread plateaus far above
+  CHOCO's (same codec, topology, gamma and steps as the CHOCO case above)."""
+  steps = 120
+  tx = gradcomp.gossip(
+    optax.sgd(LR),
+    "exponential",
+    compressor=gradcomp.topk(0.2),
+    gamma=0.2,
+    public_copies=False,
+    axis_name=harness.AXIS,
+  )
+  params, grads = _params(), _grads(seed=6, steps=steps)
+  for k in grads:
+    grads[k][1:] = 0.0
+  got, _ = _run(tx, params, grads)
+  start = np.float64(params["kernel"])[None] - LR * grads["kernel"][0]
+  spread0 = np.linalg.norm(start - start.mean(0))
+  spread = np.linalg.norm(got["kernel"] - got["kernel"].mean(0))
+  assert spread >= 0.05 * spread0, (spread, spread0)
 
 
 def test_choco_payload_on_collective_permute_is_the_codecs():

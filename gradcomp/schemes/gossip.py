@@ -35,9 +35,13 @@ matrix :math:`W_t` at step :math:`t` is doubly stochastic):
   exchange needs a global reduction (PowerSGD, random-k's agreed indices, the
   Count Sketch, fp16's all-reduce) raise a ``ValueError``.
 
-Without public copies, compressed D-PSGD (mixing :math:`Q(x)` directly) does
-not converge to consensus (Koloskova et al. 2019, §5); the gossip benchmark
-shows it.
+``public_copies=False`` is the scheme CHOCO fixes, kept for comparison:
+gossip on the compressed params themselves, :math:`x_i \leftarrow
+x^{t+1/2}_i + \gamma (\sum_j W_{ij} Q(x^{t+1/2}_j) - Q(x^{t+1/2}_i))` (the
+"Q2" quantized gossip of Carli et al. 2007 that Koloskova et al. 2019 §5
+compare against). With a biased codec such as top-k it does not reach
+consensus: what :math:`Q` drops is never exchanged (a test and the gossip
+benchmark show it).
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ def gossip(
   *,
   compressor: optax.GradientTransformation | None = None,
   gamma: float | None = None,
+  public_copies: bool = True,
   axis_name: str | None = None,
 ) -> optax.GradientTransformation:
   r"""D-PSGD, or CHOCO-SGD with a ``compressor``, over ``topology``.
@@ -113,6 +118,9 @@ def gossip(
       the neighbour exchange) for CHOCO-SGD; ``None``: D-PSGD.
     gamma: CHOCO's consensus step size in (0, 1]; required with a
       compressor, unused without.
+    public_copies: CHOCO's public copies (default); ``False`` gossips the
+      compressed params themselves (Carli et al. 2007's "Q2" gossip, for
+      comparison: it does not reach consensus with a biased codec).
     axis_name: the mapped axis of the workers, or ``None`` for one worker.
 
   Returns:
@@ -150,9 +158,11 @@ def gossip(
       )
   elif gamma is not None:
     raise ValueError(f"gamma is CHOCO's step and needs a compressor, got {gamma!r}")
+  if not isinstance(public_copies, bool):
+    raise ValueError(f"public_copies must be True or False, got {public_copies!r}")
 
   def init_fn(params):
-    if compressor is None:
+    if compressor is None or not public_copies:
       public = neighbourhood = optax.EmptyState()
     else:
       public = jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype), params)
@@ -164,23 +174,22 @@ def gossip(
       neighbourhood=neighbourhood,
     )
 
-  def choco(half, state, topo):
-    """Alg. 2 lines 4-9: compress the move, update the public copies, mix."""
+  def compressed_gossip(tree, count, topo):
+    """``(Q(x_i), sum_j W_ij Q(x_j))`` of ``tree``, the codec's payload on the wire."""
     if len(topo.phases) > 1:
       raise ValueError(
         f"CHOCO-SGD here needs a static topology (its public copies assume "
         f"fixed neighbours); {topo.name!r} has {len(topo.phases)} phases"
       )
-    diff = jax.tree.map(jnp.subtract, half, state.public)
-    leaves, treedef = jax.tree.flatten(diff)
-    pattern = exchange.Neighbours(topo, state.count, axis_name)
+    leaves, treedef = jax.tree.flatten(tree)
+    pattern = exchange.Neighbours(topo, count, axis_name)
     codec = spec_of(compressor).build(axis_name=pattern)
-    codec_state = codec.init(diff)
+    codec_state = codec.init(tree)
     if isinstance(codec_state, CompressorState):  # a fresh stream per step
       codec_state = codec_state._replace(
-        count=state.count, key=jax.random.fold_in(codec_state.key, state.count)
+        count=count, key=jax.random.fold_in(codec_state.key, count)
       )
-    codec.update(diff, codec_state)
+    codec.update(tree, codec_state)
     sent = iter(zip(pattern.own, pattern.mixed, strict=True))
     own, mixed = [], []
     for leaf in leaves:
@@ -191,11 +200,22 @@ def gossip(
       q, m = next(sent)
       own.append(q.reshape(leaf.shape).astype(leaf.dtype))
       mixed.append(m.reshape(leaf.shape).astype(leaf.dtype))
-    own, mixed = treedef.unflatten(own), treedef.unflatten(mixed)
+    return treedef.unflatten(own), treedef.unflatten(mixed)
+
+  def choco(half, state, topo):
+    """Alg. 2 lines 4-9: compress the move, update the public copies, mix."""
+    diff = jax.tree.map(jnp.subtract, half, state.public)
+    own, mixed = compressed_gossip(diff, state.count, topo)
     public = jax.tree.map(jnp.add, state.public, own)
     neighbourhood = jax.tree.map(jnp.add, state.neighbourhood, mixed)
     new = jax.tree.map(lambda h, s, x: h + gamma * (s - x), half, neighbourhood, public)
     return new, public, neighbourhood
+
+  def q2(half, state, topo):
+    """Carli et al. 2007: gossip on the compressed params, no public copies."""
+    own, mixed = compressed_gossip(half, state.count, topo)
+    new = jax.tree.map(lambda h, m, q: h + gamma * (m - q), half, mixed, own)
+    return new, state.public, state.neighbourhood
 
   def update_fn(grads, state, params=None):
     params = base.require_params(params, "gossip")
@@ -208,7 +228,8 @@ def gossip(
       public, neighbourhood = state.public, state.neighbourhood
     else:
       half = optax.apply_updates(params, u)
-      new, public, neighbourhood = choco(half, state, topo)
+      step = choco if public_copies else q2
+      new, public, neighbourhood = step(half, state, topo)
     updates = jax.tree.map(jnp.subtract, new, params)
     return updates, GossipState(
       optax.safe_increment(state.count), inner_state, public, neighbourhood
