@@ -81,7 +81,8 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   optimizer and ``config.compressor`` its compressor (``none``: OD-SGD).
   ``gossip`` takes ``topology`` (ring, torus, exponential,
   one_peer_exponential, complete) and, with a compressor (CHOCO-SGD),
-  ``gamma``; ``gosgd`` takes ``p``.
+  ``gamma`` (and ``public_copies=False`` for the uncorrected compressed
+  gossip CHOCO fixes); ``gosgd`` takes ``p``.
   """
   c = ml_collections.ConfigDict()
   c.name = name
@@ -98,6 +99,7 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("topology", str),
     ("gamma", float),
     ("p", float),
+    ("public_copies", bool),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)
