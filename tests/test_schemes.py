@@ -239,6 +239,22 @@ SCHEMES = {
   "easgd": lambda axis=None: gradcomp.easgd(
     optax.sgd(LR), 0.1, every=2, axis_name=axis
   ),
+  "cdsgd": lambda axis=None: gradcomp.cdsgd(
+    optax.sgd(LR),
+    gradcomp.threshold_quantize(0.1, axis_name=axis),
+    local_learning_rate=LR,
+    warmup_steps=2,
+    axis_name=axis,
+  ),
+  "dpsgd": lambda axis=None: gradcomp.gossip(optax.sgd(LR), "ring", axis_name=axis),
+  "choco_topk": lambda axis=None: gradcomp.gossip(
+    optax.sgd(LR),
+    "ring",
+    compressor=gradcomp.topk(0.3),
+    gamma=0.5,
+    axis_name=axis,
+  ),
+  "gosgd": lambda axis=None: gradcomp.gosgd(optax.sgd(LR), 0.5, axis_name=axis),
 }
 
 
