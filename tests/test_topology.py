@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from gradcomp.parallel import topology, wire
+from gradcomp.parallel import mixing, topology, wire
 from gradcomp.parallel.branches import varying_axes
 from gradcomp.parallel.topology import Edge, Phase, Topology
 
@@ -41,13 +41,13 @@ def _sharded_mix(topo, *, steps=1, scan=False):
     x = x[0]
     if scan:  # a traced step: lax.switch over the phases.
       x, _ = jax.lax.scan(
-        lambda x, t: (topology.mix(topo, x, step0 + t, AXIS), None),
+        lambda x, t: (mixing.mix(topo, x, step0 + t, AXIS), None),
         x,
         jnp.arange(steps, dtype=jnp.int32),
       )
     else:
       for t in range(steps):
-        x = topology.mix(topo, x, t, AXIS)
+        x = mixing.mix(topo, x, t, AXIS)
     return x[None]
 
   return jax.jit(
@@ -334,7 +334,7 @@ def test_mix_under_pmap_matches_numpy_with_a_traced_step():
   topo = topology.one_peer_exponential(WORKERS)
   x = _per_worker(4)
   f = jax.pmap(
-    lambda x, t: topology.mix(topo, x, t, AXIS), axis_name=AXIS, in_axes=(0, None)
+    lambda x, t: mixing.mix(topo, x, t, AXIS), axis_name=AXIS, in_axes=(0, None)
   )
   for t in range(4):
     _assert_mixed(f(x, jnp.int32(t)), topo.matrix(t), x, terms=2)
@@ -347,7 +347,7 @@ def test_mix_preserves_dtypes_and_tree():
 
   def run(tree):
     return jax.tree.map(
-      lambda v: v[None], topology.mix(topo, jax.tree.map(lambda v: v[0], tree), 0, AXIS)
+      lambda v: v[None], mixing.mix(topo, jax.tree.map(lambda v: v[0], tree), 0, AXIS)
     )
 
   f = jax.jit(jax.shard_map(run, mesh=mesh(), in_specs=P(AXIS), out_specs=P(AXIS)))
@@ -370,7 +370,7 @@ def test_mix_of_replicated_values_is_typed_varying():
 
   def run(x, t):
     assert not varying_axes(x)
-    out = topology.mix(topo, x, t, AXIS)
+    out = mixing.mix(topo, x, t, AXIS)
     assert varying_axes(out) == {AXIS}
     return out[None]
 
@@ -381,8 +381,8 @@ def test_mix_of_replicated_values_is_typed_varying():
 
 def test_one_worker_is_the_identity():
   tree = {"a": jnp.ones(3), "b": jnp.zeros((2, 2), jnp.bfloat16)}
-  assert topology.mix(topology.ring(1), tree, 0, None) is tree
-  out = topology.mix_decoded(
+  assert mixing.mix(topology.ring(1), tree, 0, None) is tree
+  out = mixing.mix_decoded(
     topology.ring(1), (jnp.int8(3), jnp.float32(0.5)), lambda p: p[0] * p[1], 0, None
   )
   assert float(out) == 1.5
@@ -395,7 +395,7 @@ def test_mix_errors():
   with pytest.raises(ValueError, match="dtype int32"):
     _sharded_mix(topology.ring(WORKERS))(shard(np.ones((8, 3), np.int32)), 0)
   with pytest.raises(ValueError, match="topology must be a Topology"):
-    topology.mix("ring", x, 0, None)
+    mixing.mix("ring", x, 0, None)
 
 
 # -- compressed payloads ---------------------------------------------------------------
@@ -415,7 +415,7 @@ def _decode(payload):
 
 def _sharded_mix_decoded(topo, decode=_decode):
   def run(codes, scales):
-    return topology.mix_decoded(topo, (codes[0], scales[0]), decode, 0, AXIS)[None]
+    return mixing.mix_decoded(topo, (codes[0], scales[0]), decode, 0, AXIS)[None]
 
   return jax.jit(
     jax.shard_map(run, mesh=mesh(), in_specs=(P(AXIS), P(AXIS)), out_specs=P(AXIS))
@@ -469,6 +469,6 @@ def test_mix_decoded_masks_what_non_receivers_decode():
   # One more rounding than a plain mix: the division.
   _assert_mixed(out, topo.matrix(0), dense, terms=4)
   pmapped = jax.pmap(
-    lambda c, v: topology.mix_decoded(topo, (c, v), decode, 0, AXIS), axis_name=AXIS
+    lambda c, v: mixing.mix_decoded(topo, (c, v), decode, 0, AXIS), axis_name=AXIS
   )
   _assert_mixed(pmapped(codes, inverse), topo.matrix(0), dense, terms=4)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from gradcomp.kernels import hashing
-from gradcomp.parallel import branches, topology
+from gradcomp.parallel import branches, mixing
 
 
 class Neighbours:
@@ -55,7 +55,7 @@ class Neighbours:
 
   def exchange(self, payload, decode: Callable[..., jax.Array]) -> jax.Array:
     own = decode(*payload)
-    mixed = topology.mix_decoded(
+    mixed = mixing.mix_decoded(
       self.topology, tuple(payload), lambda p: decode(*p), self.step, self.axis
     )
     self.own.append(own)

@@ -55,6 +55,7 @@ import optax
 from gradcomp.compressors import exchange
 from gradcomp.compressors.base import CompressorState
 from gradcomp.compressors.spec import spec_of
+from gradcomp.parallel import mixing
 from gradcomp.parallel import topology as topology_lib
 from gradcomp.schemes import base
 
@@ -223,7 +224,7 @@ def gossip(
     u, inner_state = inner.update(grads, state.inner_state, params)
     if compressor is None:
       # D-PSGD: the mix reads the params the gradient was taken at.
-      mixed = topology_lib.mix(topo, params, state.count, axis_name)
+      mixed = mixing.mix(topo, params, state.count, axis_name)
       new = jax.tree.map(jnp.add, mixed, u)
       public, neighbourhood = state.public, state.neighbourhood
     else:

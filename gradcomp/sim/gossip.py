@@ -59,21 +59,17 @@ References:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gradcomp.parallel import topology as topologies
+from gradcomp.parallel.topology import Topology
 from gradcomp.sim.clock import _check_positive
 from gradcomp.sim.cluster import Cluster, _is_int, _is_real
-
-if TYPE_CHECKING:
-  from gradcomp.parallel.topology import Topology
 
 
 def _inputs(cluster, flops_per_step, topology, message_bytes):
   """Validated ``(flops, topology, message seconds)``."""
-  from gradcomp.parallel import topology as topologies  # JAX only when called.
-
   if not isinstance(cluster, Cluster):
     raise ValueError(f"cluster must be a Cluster, got {cluster!r}")
   flops = _check_positive("flops_per_step", flops_per_step)
