@@ -13,6 +13,7 @@ Example::
   python -m gradcomp.bench scaling --sources paper
   python -m gradcomp.bench schemes --seeds 3
   python -m gradcomp.bench cdsgd --seeds 3
+  python -m gradcomp.bench gossip --seeds 3
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradcomp.bench import cdsgd, compress, schemes, sketch
+from gradcomp.bench import cdsgd, compress, gossip, schemes, sketch
 from gradcomp.models import shapes
 
 
@@ -166,6 +167,28 @@ def _schemes(args: argparse.Namespace) -> None:
 
 def _cdsgd(args: argparse.Namespace) -> None:
   _seeded_suite("cdsgd", cdsgd, args, docs=False)
+
+
+def _gossip(args: argparse.Namespace) -> None:
+  if args.gamma_sweep is None:
+    _seeded_suite("gossip", gossip, args, docs=False)
+    return
+  import jax
+  from absl import logging
+
+  try:
+    gammas = [float(x) for x in args.gamma_sweep.split(",") if x]
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench gossip: error: {e}") from None
+  # Before any computation: virtual CPU devices must be configured first.
+  jax.config.update("jax_num_cpu_devices", gossip.WORKERS)
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
+  try:
+    gossip.gamma_sweep(
+      gammas, steps=args.steps, eval_every=args.eval_every, out_dir=args.out
+    )
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench gossip: error: {e}") from None
 
 
 def _cdsgd_model(args: argparse.Namespace) -> None:
@@ -373,6 +396,32 @@ def main(argv: Sequence[str] | None = None) -> None:
   cd.add_argument("--eval-every", type=int, default=100, help="eval interval")
   cd.add_argument("--out", default="bench_out/", help="directory for cdsgd.*")
   cd.set_defaults(func=_cdsgd)
+  gs = suites.add_parser(
+    "gossip",
+    help="all-reduce, D-PSGD on four graphs, CHOCO (top-k 1 %%, sign), Q2, GoSGD "
+    "on digits: accuracy, consensus, bytes, simulated time on 16 and 64 workers",
+  )
+  gs.add_argument(
+    "--methods",
+    default=",".join(gossip.DEFAULT_METHODS),
+    help="comma-separated labels",
+  )
+  gs.add_argument("--seeds", type=int, default=3, help="runs per method")
+  gs.add_argument("--steps", type=int, default=600, help="steps per run")
+  gs.add_argument("--eval-every", type=int, default=100, help="eval interval")
+  gs.add_argument(
+    "--gamma-sweep",
+    nargs="?",
+    const=",".join(f"{g:g}" for g in gossip.SWEEP_GAMMAS),
+    default=None,
+    metavar="GAMMAS",
+    help="instead: CHOCO's gamma sweep on seed 0 for top-k 1 %% and the sign "
+    "(comma-separated gammas; default "
+    + ",".join(f"{g:g}" for g in gossip.SWEEP_GAMMAS)
+    + ")",
+  )
+  gs.add_argument("--out", default="bench_out/", help="directory for gossip.*")
+  gs.set_defaults(func=_gossip)
   cm = suites.add_parser(
     "cdsgd-model",
     help="paper 001 eqs. 2-7: predicted step of S-SGD, BIT-SGD, OD-SGD and "

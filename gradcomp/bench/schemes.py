@@ -316,7 +316,10 @@ def _curve(rows: Sequence[Mapping[str, Any]], eval_steps: Sequence[int]) -> dict
     # An eval row carries sim_seconds only where no training row of its step
     # does (train/train.py), so it is read from any row of the step.
     "program_sim_seconds": [float(sim_at.get(s, nan)) for s in eval_steps],
-    "consensus_distance_end": float(distance[-1]) if distance else None,
+    # A diverged run logs a non-finite distance as null: NaN here.
+    "consensus_distance_end": (nan if distance[-1] is None else float(distance[-1]))
+    if distance
+    else None,
   }
 
 
