@@ -167,3 +167,37 @@ def test_cli_rejects_unknown_methods_and_bad_flags():
     bench_main.main(["gossip", "--seeds", "0"])
   with pytest.raises(SystemExit, match="could not convert"):
     bench_main.main(["gossip", "--gamma-sweep", "0.1,big"])
+
+
+def test_workload_reading_prices_resnet50_steps():
+  """All-reduce: compute + 2(n-1)/n of the dense bytes; one-peer D-PSGD:
+  max(compute, one dense message) per step (the exchange overlaps)."""
+  import gradcomp
+  from gradcomp.bench.paper import v100_tflops
+  from gradcomp.models import shapes
+  from gradcomp.sim.clock import training_flops
+
+  summary = {"step": [100, 200], "accuracy_mean": [0.5, 0.99]}
+  result = {
+    "target": 0.9,
+    "results": {"allreduce": {"summary": summary}, "p": {"summary": summary}},
+    "methods": {
+      "allreduce": {"scheme": {"name": "none"}, "compressor": "none"},
+      "p": {
+        "scheme": {"name": "gossip", "topology": "one_peer_exponential"},
+        "compressor": "none",
+      },
+    },
+  }
+  rows = {(r["workers"], r["method"]): r for r in gossip.workload_reading(result)}
+  values = sum(int(np.prod(s)) for _, s in shapes.MODELS["resnet50"]())
+  compute = training_flops(float(sum(shapes.forward_flops("resnet50"))), 32) / (
+    v100_tflops() * 1e12
+  )
+  cluster = gradcomp.Cluster(16, bandwidth_gbps=10.0)
+  dense = float(cluster.exchange_seconds("all-reduce", 4 * values))
+  message = float(cluster.exchange_seconds("collective-permute", 4 * values))
+  assert rows[16, "allreduce"]["step_ms"] == pytest.approx(1e3 * (compute + dense))
+  assert rows[16, "p"]["step_ms"] == pytest.approx(1e3 * max(compute, message))
+  assert rows[16, "p"]["steps_to_target"] == 200
+  assert rows[16, "allreduce"]["ratio"] == pytest.approx(1.0)

@@ -681,6 +681,86 @@ def _reached(sim: Mapping[str, Any]) -> str:
   return schemes._seconds(t["mean"]) + ratio + note
 
 
+#: A step priced as ResNet-50's (its FLOPs at 32 images per worker and its
+#: 25.6M values), for :func:`workload_reading`.
+WORKLOAD_MODEL, WORKLOAD_BATCH = "resnet50", 32
+
+
+def workload_reading(
+  result: Mapping[str, Any], bandwidth_gbps: float = 10.0
+) -> list[dict[str, Any]]:
+  """Time to the target if every step cost a ResNet-50 step (a what-if).
+
+  The MLP's steps are almost free of compute (0.1 us at 8 TFLOP/s), so the
+  re-priced digits runs measure latency alone. Here each method's steps to
+  the target (mean curve over seeds, from the 8-worker runs) are priced as
+  :data:`WORKLOAD_MODEL` steps: FLOPs from ``gradcomp.models.shapes`` at
+  :data:`WORKLOAD_BATCH` images per worker on V100s at NVIDIA's published
+  ResNet-50 rate (``bench.paper.v100_tflops``), messages of its 25.6M values
+  (dense fp32, top-k 1 % as (value, index) pairs, the scaled sign as bits
+  plus a float per array), on 16 and 64 workers: all-reduce by
+  ``synchronous_step_seconds``, gossip by ``gossip_step_seconds``.
+  """
+  import gradcomp
+  from gradcomp.bench.paper import v100_tflops
+  from gradcomp.models import shapes
+  from gradcomp.sim.clock import training_flops
+
+  named = shapes.MODELS[WORKLOAD_MODEL]()
+  values = sum(int(np.prod(shape)) for _, shape in named)
+  flops = training_flops(
+    float(sum(shapes.forward_flops(WORKLOAD_MODEL))), WORKLOAD_BATCH
+  )
+  message = {
+    "none": 4 * values,
+    "topk": 8 * TOPK_RATIO * values,
+    "ef_signsgd": values / 8 + 4 * len(named),
+  }
+  rows = []
+  for n in PRICED_WORKERS:
+    cluster = gradcomp.Cluster(
+      n, bandwidth_gbps=bandwidth_gbps, flops_per_second=v100_tflops() * 1e12
+    )
+    for label, entry in result["results"].items():
+      s, m = entry["summary"], result["methods"][label]
+      acc, steps = np.asarray(s["accuracy_mean"]), np.asarray(s["step"])
+      reached = np.flatnonzero(acc >= result["target"])
+      scheme = m["scheme"]["name"]
+      if scheme == "none":
+        step = gradcomp.synchronous_step_seconds(
+          cluster, flops, 1, {"all-reduce": (4 * values, 1)}
+        )
+      else:
+        topology = m["scheme"].get("topology") or "one_peer_exponential"
+        step = gradcomp.gossip_step_seconds(
+          cluster,
+          flops,
+          gradcomp.get_topology(topology, n),
+          message[m["compressor"]],
+          overlap=scheme == "gossip" and m["compressor"] == "none",
+        )
+      steps_to = int(steps[reached[0]]) if reached.size else None
+      rows.append(
+        {
+          "workers": n,
+          "method": label,
+          "step_ms": 1e3 * step,
+          "steps_to_target": steps_to,
+          "seconds_to_target": None if steps_to is None else steps_to * step,
+        }
+      )
+  for row in rows:
+    base = next(
+      r for r in rows if r["workers"] == row["workers"] and r["method"] == BASELINE
+    )
+    row["ratio"] = (
+      None
+      if row["seconds_to_target"] is None or base["seconds_to_target"] is None
+      else row["seconds_to_target"] / base["seconds_to_target"]
+    )
+  return rows
+
+
 def format_tables(result: Mapping[str, Any]) -> str:
   """Markdown: accuracy / consensus / bytes, simulated times, claims."""
   res = result["results"]
@@ -771,6 +851,22 @@ def format_tables(result: Mapping[str, Any]) -> str:
       trend = f"shrinks: {c['shrinks']}" if "shrinks" in c else f"grows: {c['grows']}"
       what = f"q2 / choco final distance {factor}; {trend}"
     lines.append(f"| {c['claim']} | {what} | {'yes' if c['holds'] else 'no'} |")
+  lines += [
+    "",
+    f"### What-if: each step a {WORKLOAD_MODEL} step (batch {WORKLOAD_BATCH} per "
+    "worker, V100s, 10 Gbps); steps to the target from the 8-worker runs",
+    "",
+    "| workers | method | step (ms) | steps to target | seconds to target "
+    "| vs all-reduce |",
+    "| ---: | --- | ---: | ---: | ---: | ---: |",
+  ]
+  for r in workload_reading(result):
+    to = "-" if r["seconds_to_target"] is None else f"{r['seconds_to_target']:.1f}"
+    ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+    lines.append(
+      f"| {r['workers']} | {r['method']} | {r['step_ms']:.1f} | "
+      f"{r['steps_to_target'] or '-'} | {to} | {ratio} |"
+    )
   return "\n".join(lines)
 
 
