@@ -12,7 +12,13 @@ from gradcomp.compressors.dense import fp16 as fp16
 from gradcomp.compressors.dense import none as none
 from gradcomp.compressors.dgc import dgc as dgc
 from gradcomp.compressors.finite import apply_if_finite as apply_if_finite
+from gradcomp.compressors.fixed_point import (
+  DynamicFixedPointState as DynamicFixedPointState,
+)
+from gradcomp.compressors.fixed_point import dynamic_fixed_point as dynamic_fixed_point
+from gradcomp.compressors.fixed_point import fixed_point as fixed_point
 from gradcomp.compressors.memory import error_feedback as error_feedback
+from gradcomp.compressors.onebit import onebit_sgd as onebit_sgd
 from gradcomp.compressors.powersgd import powersgd as powersgd
 from gradcomp.compressors.quantizers import qsgd as qsgd
 from gradcomp.compressors.quantizers import terngrad as terngrad
@@ -23,6 +29,7 @@ from gradcomp.compressors.registry import register as register
 from gradcomp.compressors.signs import ef_signsgd as ef_signsgd
 from gradcomp.compressors.signs import signsgd as signsgd
 from gradcomp.compressors.sketch_topk import sketch_topk as sketch_topk
+from gradcomp.compressors.sparse_quantize import sparse_quantize as sparse_quantize
 from gradcomp.compressors.threshold import threshold_quantize as threshold_quantize
 from gradcomp.compressors.topk import topk as topk
 from gradcomp.fusion.fused import LayerFusionState as LayerFusionState

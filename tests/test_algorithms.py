@@ -168,6 +168,7 @@ EF_COMPRESSORS = {
   "ef_signsgd": lambda a: gradcomp.ef_signsgd(axis_name=a),
   "powersgd": lambda a: gradcomp.powersgd(1, axis_name=a),
   "threshold": lambda a: gradcomp.threshold_quantize(0.5, axis_name=a),
+  "onebit_sgd": lambda a: gradcomp.onebit_sgd(axis_name=a),
 }
 
 

@@ -25,6 +25,10 @@ CONFIGS = {
   "powersgd": {"rank": 2},
   "threshold_quantize": {"threshold": 0.5},
   "sketch_topk": {"ratio": 0.3},
+  "onebit_sgd": {},
+  "fixed_point": {"bits": 8},
+  "dynamic_fixed_point": {"bits": 12, "block_size": 16},
+  "sparse_quantize": {"threshold": 0.5, "max_ratio": 0.3},
 }
 NAMES = sorted(CONFIGS)
 

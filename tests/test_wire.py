@@ -18,6 +18,11 @@ BUDGETS = {
   "qsgd": ({"levels": 4}, 0.3),
   "fp16": ({}, 0.51),
   "sketch_topk": ({"ratio": 0.01}, 0.06),  # issue 3: default cols
+  # Survey 004 §4: 1 bit + two floats per column; packed codes; int32 slots.
+  "onebit_sgd": ({}, 0.032),
+  "fixed_point": ({"bits": 8}, 0.251),
+  "dynamic_fixed_point": ({"bits": 12}, 0.376),
+  "sparse_quantize": ({"threshold": 2.6, "max_ratio": 0.01}, 0.011),
 }
 
 

@@ -182,6 +182,35 @@ COMPRESSORS: list[CompressorConfig] = [
     {"threshold": 0.5},
     _bits_floor(2, True, "2-bit codes"),
   ),
+  # Survey 004 §4.1: 1-bit SGD (two floats per column left out), fixed point.
+  CompressorConfig("onebit_sgd", "onebit_sgd", {}, _bits_floor(1, True, "sign bits")),
+  CompressorConfig(
+    "fixed_point_8", "fixed_point", {"bits": 8}, _bits_floor(8, False, "8-bit codes")
+  ),
+  CompressorConfig(
+    "fixed_point_12",
+    "fixed_point",
+    {"bits": 12},
+    _bits_floor(12, False, "12-bit codes"),
+  ),
+  CompressorConfig(
+    "dynamic_fixed_point_12",
+    "dynamic_fixed_point",
+    {"bits": 12},
+    _bits_floor(12, False, "12-bit codes + an exponent per leaf"),
+  ),
+  # Strom 2015 (survey §4.2): ~0.93 % of N(0, 1) values exceed 2.6; one int32
+  # per slot (index, sign in the top bit), k = 1 % of d.
+  CompressorConfig(
+    "sparse_quantize",
+    "sparse_quantize",
+    {"threshold": 2.6, "max_ratio": 0.01},
+    Floor(
+      2 * _F32,
+      2 * _F32 + 4 * 0.01,
+      formula="read 4d g + 4d EF; write 4d EF + 4d out + 4k",
+    ),
+  ),
   # Sketch-Fusion SGD (paper 000 Alg. 1): the sketch pass reads e once per row
   # set (one fused pass), estimate-all writes nothing dense beyond the output;
   # the tables (rows x cols) and the k values are O(k) and left out.

@@ -279,6 +279,10 @@ SEARCH_COMPRESSORS = {
   "powersgd": {},
   "threshold_quantize": {},
   "sketch_topk": {"ratio": 0.01},
+  "onebit_sgd": {},
+  "fixed_point": {"bits": 8},
+  "dynamic_fixed_point": {"bits": 12},
+  "sparse_quantize": {"threshold": 2.6},
 }
 
 

@@ -69,7 +69,8 @@ def _global_only(axis_name, what: str) -> None:
       f"this compressor needs {what} over all workers, which a gossip exchange "
       "with neighbours cannot provide; in gossip use a codec whose payloads "
       "are gathered (topk, dgc, qsgd, terngrad, threshold_quantize, "
-      "ef_signsgd)"
+      "ef_signsgd, onebit_sgd, fixed_point, dynamic_fixed_point, "
+      "sparse_quantize)"
     )
 
 

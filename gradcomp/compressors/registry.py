@@ -8,11 +8,14 @@ import optax
 
 from gradcomp.compressors.dense import fp16, none
 from gradcomp.compressors.dgc import dgc
+from gradcomp.compressors.fixed_point import dynamic_fixed_point, fixed_point
+from gradcomp.compressors.onebit import onebit_sgd
 from gradcomp.compressors.powersgd import powersgd
 from gradcomp.compressors.quantizers import qsgd, terngrad
 from gradcomp.compressors.randomk import randomk
 from gradcomp.compressors.signs import ef_signsgd, signsgd
 from gradcomp.compressors.sketch_topk import sketch_topk
+from gradcomp.compressors.sparse_quantize import sparse_quantize
 from gradcomp.compressors.threshold import threshold_quantize
 from gradcomp.compressors.topk import topk
 
@@ -60,5 +63,9 @@ for _factory in (
   powersgd,
   threshold_quantize,
   sketch_topk,
+  onebit_sgd,
+  fixed_point,
+  dynamic_fixed_point,
+  sparse_quantize,
 ):
   register(_factory.__name__, _factory)

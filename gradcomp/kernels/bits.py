@@ -38,3 +38,73 @@ def unpack_ternary(packed: jax.Array, size: int) -> jax.Array:
   """float32 {-1, 0, 1} values from :func:`pack_ternary`."""
   codes = (packed[:, None] >> _SHIFTS) & 3
   return codes.reshape(-1)[:size].astype(jnp.float32) - 1.0
+
+
+# Fixed-point codes: two's complement integers of 4, 8, 12 or 16 bits. 8 and 16
+# travel as int8 / int16; 4 and 12 are stored offset (code + 2^(bits-1), an
+# unsigned value) and packed: two 4-bit codes to a byte, two 12-bit codes to
+# three bytes (1.5 bytes per code; a uint16 per code would cost as much as 16
+# bits and make 12 bits pointless on the wire).
+CODE_BITS = (4, 8, 12, 16)
+
+
+def _check_code_bits(bits: int) -> None:
+  if bits not in CODE_BITS:
+    raise ValueError(f"bits must be one of {CODE_BITS}, got {bits!r}")
+
+
+def code_range(bits: int) -> tuple[int, int]:
+  """The smallest and largest ``bits``-bit two's complement code."""
+  return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def packed_code_bytes(size: int, bits: int) -> int:
+  """Bytes :func:`pack_codes` uses for ``size`` codes of ``bits`` bits."""
+  _check_code_bits(bits)
+  if bits == 4:
+    return -(-size // 2)
+  if bits == 12:
+    return 3 * -(-size // 2)
+  return size * bits // 8
+
+
+def pack_codes(codes: jax.Array, bits: int) -> jax.Array:
+  """Integer ``codes`` in :func:`code_range` of ``bits``, flattened and packed.
+
+  Returns:
+    int8[d] (8 bits), int16[d] (16 bits), uint8[ceil(d/2)] (4 bits, the first
+    code of each pair in the low nibble) or uint8[3 ceil(d/2)] (12 bits: for
+    offset codes ``a, b`` the bytes ``a & 0xff``, ``(a >> 8) | (b & 0xf) << 4``,
+    ``b >> 4``). An odd tail is padded with the code 0.
+  """
+  _check_code_bits(bits)
+  codes = codes.reshape(-1)
+  if bits == 8:
+    return codes.astype(jnp.int8)
+  if bits == 16:
+    return codes.astype(jnp.int16)
+  offset = 2 ** (bits - 1)
+  wide = jnp.uint8 if bits == 4 else jnp.uint16
+  u = (codes.astype(jnp.int32) + offset).astype(wide)
+  u = jnp.pad(u, (0, codes.shape[0] % 2), constant_values=offset).reshape(-1, 2)
+  a, b = u[:, 0], u[:, 1]
+  if bits == 4:
+    return a | (b << 4)
+  parts = [a & 0xFF, (a >> 8) | ((b & 0xF) << 4), b >> 4]
+  return jnp.stack([p.astype(jnp.uint8) for p in parts], axis=1).reshape(-1)
+
+
+def unpack_codes(packed: jax.Array, bits: int, size: int) -> jax.Array:
+  """int32 codes from :func:`pack_codes`, the first ``size`` of them."""
+  _check_code_bits(bits)
+  if bits in (8, 16):
+    return packed.astype(jnp.int32)
+  offset = 2 ** (bits - 1)
+  if bits == 4:
+    pairs = jnp.stack([packed & 0xF, packed >> 4], axis=1)
+  else:
+    t = packed.reshape(-1, 3).astype(jnp.int32)
+    pairs = jnp.stack(
+      [t[:, 0] | ((t[:, 1] & 0xF) << 8), (t[:, 1] >> 4) | (t[:, 2] << 4)], axis=1
+    )
+  return pairs.reshape(-1)[:size].astype(jnp.int32) - offset
