@@ -62,6 +62,10 @@ def compressor(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("momentum", float),
     ("seed", int),
     ("error_feedback", bool),
+    ("bits", int),
+    ("int_bits", int),
+    ("block_size", int),
+    ("max_ratio", float),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)

@@ -339,10 +339,10 @@ def _assert_within_ulps(got, want, like):
     assert err <= 2 * ulp * scale, (p.dtype, err)
 
 
-def test_shard_map_on_mixed_dtypes_without_jit_matches_jit():
-  """Eight workers, half-precision leaves merged in float32: the eager
-  ``shard_map`` and the compiled one agree, and the state keeps its types
-  through the ``scan`` (replicated weight at ``init``, per worker after)."""
+def test_shard_map_on_mixed_dtypes_keeps_types():
+  """Eight workers, half-precision leaves merged in float32: the state keeps
+  its types through the ``scan`` (replicated weight at ``init``, per worker
+  after) and every leaf its dtype."""
   params = harness.grads_like(harness.MIXED_PARAMS, seed=12)
   steps = 3
   rng = np.random.default_rng(13)
@@ -352,10 +352,8 @@ def test_shard_map_on_mixed_dtypes_without_jit_matches_jit():
   tx = gosgd(optax.sgd(LR), 1.0, seed=5, axis_name=harness.AXIS)
   sharded = harness.shard(grads, P(None, harness.AXIS))
   jitted = harness.scheme_steps(tx)(params, sharded)
-  eager = harness.scheme_steps(tx, jit=False)(params, sharded)
-  _assert_within_ulps(jitted[0], eager[0], params)
-  chex.assert_trees_all_equal(jitted[1].weight, eager[1].weight)
-  chex.assert_trees_all_equal_shapes_and_dtypes(jitted[0], eager[0])
+  # Eager against compiled: the scheme contract test (test_schemes.py) on one
+  # device; here, types and dtypes through the 8-worker scan.
   for leaf, p in zip(jax.tree.leaves(jitted[0]), jax.tree.leaves(params), strict=True):
     assert leaf.dtype == p.dtype
   np.testing.assert_array_equal(jitted[1].weight, 1.0)  # p=1: every worker pushes

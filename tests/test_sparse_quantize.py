@@ -19,7 +19,6 @@ from jax.sharding import PartitionSpec as P
 
 import gradcomp
 from gradcomp.compressors import sparse_quantize as sq_lib
-from gradcomp.compressors.memory import ErrorFeedbackState
 from gradcomp.compressors.sparse_quantize import sparse_quantize
 from gradcomp.compressors.spec import spec_of
 from gradcomp.parallel import wire
@@ -223,50 +222,6 @@ def test_gossip_puts_the_codes_on_collective_permute_and_mixes_them():
 
 
 # -- the conformance checks (STYLE §12), until it is in the registry --------
-
-
-def test_single_device_keeps_tree_shapes_dtypes_and_state_type():
-  tx = sparse_quantize(0.5, max_ratio=0.3)
-  params = harness.MIXED_PARAMS
-  grads = harness.grads_like(params)
-  state = tx.init(params)
-  for update in (tx.update, jax.jit(tx.update)):
-    out, new_state = update(grads, state)
-    chex.assert_trees_all_equal_shapes_and_dtypes(out, grads)
-    chex.assert_tree_all_finite(out)
-    assert type(new_state) is type(state)
-    chex.assert_trees_all_equal_shapes_and_dtypes(new_state, state)
-  assert isinstance(state.leaves["vector"], ErrorFeedbackState)
-  abstract = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
-  chex.assert_trees_all_equal_shapes_and_dtypes(tx.init(abstract), state)
-
-
-def test_shard_map_and_pmap_agree_and_equal_mean_of_single_device_results():
-  grads = harness.random_grads({"kernel": (12, 10), "vector": (50,)}, seed=2)
-  params = jax.tree.map(lambda g: g[0], grads)
-  make = lambda a: sparse_quantize(0.5, max_ratio=0.3, axis_name=a)
-  tx = make(AXIS)
-  by_shard_map, _ = harness.sharded_update(tx)(
-    harness.shard(grads), harness.worker_state(tx, params)
-  )
-  by_pmap, _ = harness.pmapped_update(tx)(
-    grads, gradcomp.add_worker_axis(tx.init(params), N)
-  )
-  harness.assert_same_on_workers(by_shard_map)
-  harness.assert_same_on_workers(by_pmap)
-  chex.assert_trees_all_close(by_pmap, by_shard_map, rtol=1e-6, atol=0)
-  one = make(None)
-  single = jax.jit(one.update)
-  for name in grads:
-    leaf = {name: params[name]}
-    each = [
-      np.asarray(single({name: grads[name][w]}, one.init(leaf))[0][name])
-      for w in range(N)
-    ]
-    harness.assert_mean_over_workers(np.asarray(by_shard_map[name])[0], each)
-
-
-# -- bad input --------------------------------------------------------------
 
 
 def test_non_finite_gradients_are_dropped_and_huge_ones_stay_bounded():

@@ -108,6 +108,30 @@ METHODS: dict[str, Method] = {
       "accuracy of 1e-4, 3e-4, 1e-3, 3e-3, 1e-2 on seed 0; larger ones "
       "peak early, then the eval loss grows",
     ),
+    # Survey 004 §4.1 (issue 17); not in the CLI's default set.
+    Method("onebit_sgd", "onebit_sgd", "layerwise", why="1 bit, per-column means, EF"),
+    Method(
+      "fixed_point_8",
+      "fixed_point",
+      "layerwise",
+      {"bits": 8},
+      why="<1, 7> fixed point, stochastic rounding, no EF (Gupta et al.)",
+    ),
+    Method(
+      "fixed_point_12",
+      "fixed_point",
+      "layerwise",
+      {"bits": 12},
+      why="<1, 11> fixed point, stochastic rounding, no EF",
+    ),
+    Method(
+      "dynamic_fixed_point_12",
+      "dynamic_fixed_point",
+      "layerwise",
+      {"bits": 12},
+      why="12 bits, an exponent per leaf from the overflow rate (Courbariaux "
+      "et al.): the claim that 12 bits lose little",
+    ),
   )
 }
 
