@@ -146,6 +146,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.fusion.search = "heuristic"  # for "auto": heuristic | optimal
 
   config.scheme = scheme("none")  # none|local_sgd|easgd|cdsgd|gossip|gosgd
+  # Sufficient-factor broadcasting (train/factors.py; synchronous only): each
+  # nn.Dense layer for which Poseidon's rule finds its factors cheaper on the
+  # wire than the compressor's (or dense) exchange sends them instead.
+  config.sufficient_factors = False
   config.cluster = cluster()
 
   config.optimizer = ml_collections.ConfigDict()

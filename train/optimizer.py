@@ -266,17 +266,22 @@ def create(
   axis_name: str | None,
   sizes: Sequence[int] | None = None,
   saved_plan: gradcomp.Plan | None = None,
+  mask=None,
 ) -> tuple[optax.GradientTransformation, gradcomp.Plan | None]:
   """The run's optimizer and its fusion plan.
 
   Args:
     config: the run's config (``compressor``, ``fusion``, ``optimizer``).
     order: gradient-ready order of the parameter leaves
-      (``gradcomp.gradient_order``).
+      (``gradcomp.gradient_order``); with ``mask``, of the leaves it keeps
+      (``train.factors.Factored.restrict``).
     total_steps: steps of the run, for decaying schedules.
     axis_name: the workers' mesh axis, or ``None`` on one device.
     sizes: values per parameter leaf (tree order), for ``plan="auto"``.
     saved_plan: the plan of the run being resumed, reused by ``"auto"``.
+    mask: ``optax.masked``'s mask of the compressor (with its fusion), or
+      ``None``: leaves it maps to ``False`` (kernels whose sufficient factors
+      the step exchanges, ``train/factors.py``) skip it, already the mean.
 
   Returns:
     ``(tx, plan)``: ``tx``'s state is an ``optax.ApplyIfFiniteState``.
@@ -285,6 +290,8 @@ def create(
   plan = fusion_plan(config.fusion, order, sizes, inner, saved_plan)
   if plan is not None:
     inner = gradcomp.layerfusion(inner, plan)
+  if mask is not None:
+    inner = optax.masked(inner, mask)
   opt = config.optimizer
   parts = []
   if opt.weight_decay:

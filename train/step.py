@@ -207,6 +207,15 @@ def gradient_order(model: nn.Module, params, model_state, x, y) -> list[int]:
   )
 
 
+def poison_nonfinite(loss, grads):
+  """``grads`` all NaN where the local ``loss`` is not finite.
+
+  A non-finite local loss (with finite gradients, e.g. log(0) clipped)
+  poisons the local gradient, so the agreed skip of apply_if_finite covers it.
+  """
+  return jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
+
+
 def _as_varying(tree):
   """Every leaf typed varying over AXIS (already varying leaves as they are)."""
   return jax.tree.map(
@@ -225,11 +234,15 @@ def _body(
   *,
   probe=None,
   independent: bool | None = None,
+  factors=None,
 ):
   """One worker's step; with ``probe``, records which new state is varying.
 
   ``independent``: whether workers' params differ (default: the layout's
   ``params_per_worker``; pmap, whose layout has no worker axes, passes it).
+  ``factors``: a ``train.factors.Factored`` whose layers send sufficient
+  factors (their kernels' means replace the local gradient in what ``tx``
+  receives), or ``None``.
   """
   independent = layout.params_per_worker if independent is None else independent
   x, y = batch
@@ -241,14 +254,16 @@ def _body(
   # back already summed over workers (psum is pvary's transpose).
   local = _as_varying(params)
   local_state = _as_varying(model_state)
-  grad_fn = jax.value_and_grad(
-    functools.partial(loss_fn, model, train=True), has_aux=True
-  )
-  (loss, (accuracy, new_model_state)), grads = grad_fn(local, local_state, x, y)
-  # A non-finite local loss (with finite gradients, e.g. log(0) clipped)
-  # poisons the local gradient, so the agreed skip of apply_if_finite covers it.
-  grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
-  updates, new_opt_state = tx.update(grads, opt_state, params)
+  loss_of = functools.partial(loss_fn, model, train=True)
+  if factors is None:
+    grad_fn = jax.value_and_grad(loss_of, has_aux=True)
+    (loss, (accuracy, new_model_state)), grads = grad_fn(local, local_state, x, y)
+    grads = sent = poison_nonfinite(loss, grads)
+  else:
+    (loss, (accuracy, new_model_state)), grads, sent = factors.gradients(
+      loss_of, local, local_state, x, y
+    )
+  updates, new_opt_state = tx.update(sent, opt_state, params)
   new_params = optax.apply_updates(params, updates)
   if probe is not None:
     probe.append(
@@ -289,7 +304,7 @@ def _body(
 
 
 def infer_layout(
-  model, tx, mesh: Mesh, params, model_state, opt_state, batch
+  model, tx, mesh: Mesh, params, model_state, opt_state, batch, factors=None
 ) -> Layout:
   """The layout whose per-worker leaves are exactly those typed varying.
 
@@ -307,6 +322,7 @@ def infer_layout(
     model_state: non-param collections (``batch_stats``), possibly ``{}``.
     opt_state: ``tx.init(params)``, without worker axes.
     batch: one global batch (arrays or ``jax.ShapeDtypeStruct``).
+    factors: as for ``make_train_step``.
   """
   per_worker = jax.tree.map(lambda _: False, opt_state)
   params_per_worker = False
@@ -315,7 +331,17 @@ def infer_layout(
     found = []
 
     def probe(params, model_state, opt_state, batch, layout=layout, found=found):
-      _body(model, tx, layout, params, model_state, opt_state, batch, probe=found)
+      _body(
+        model,
+        tx,
+        layout,
+        params,
+        model_state,
+        opt_state,
+        batch,
+        probe=found,
+        factors=factors,
+      )
       return jnp.zeros(())
 
     state = layout.to_global(opt_state)
@@ -367,13 +393,17 @@ def _pmap(fun, layout: Layout, **kwargs) -> Callable:
   return jax.pmap(fun, AXIS, devices=list(layout.mesh.devices.flat), **kwargs)
 
 
-def make_train_step(model, tx, layout: Layout, variant: str = "shard_map") -> Callable:
+def make_train_step(
+  model, tx, layout: Layout, variant: str = "shard_map", factors=None
+) -> Callable:
   """``step(params, model_state, opt_state, batch) -> (..., metrics)``, jitted.
 
   Params, model state and optimizer state are donated; metrics are
   replicated scalars. Under ``"shard_map"``, ``batch`` is sharded over
   ``AXIS`` along its first axis; under ``"pmap"`` the state is laid out by
   ``Layout.to_variant`` and ``batch`` by ``shard_batch(..., "pmap")``.
+  ``factors``: a ``train.factors.Factored`` whose layers send sufficient
+  factors (``tx`` then masks their kernels off its compressor), or ``None``.
   """
   check_variant(variant)
   if variant == "pmap":
@@ -385,7 +415,12 @@ def make_train_step(model, tx, layout: Layout, variant: str = "shard_map") -> Ca
     )
     return _pmap(
       functools.partial(
-        _body, model, tx, per_device, independent=layout.params_per_worker
+        _body,
+        model,
+        tx,
+        per_device,
+        independent=layout.params_per_worker,
+        factors=factors,
       ),
       layout,
       out_axes=(0, 0, 0, None),
@@ -394,7 +429,7 @@ def make_train_step(model, tx, layout: Layout, variant: str = "shard_map") -> Ca
   opt_specs = layout.opt_specs()
   return jax.jit(
     jax.shard_map(
-      functools.partial(_body, model, tx, layout),
+      functools.partial(_body, model, tx, layout, factors=factors),
       mesh=layout.mesh,
       in_specs=(layout.params, layout.params, opt_specs, P(AXIS)),
       out_specs=(layout.params, layout.params, opt_specs, P()),

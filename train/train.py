@@ -28,6 +28,7 @@ from gradcomp.models import zoo as models
 from gradcomp.parallel import wire
 from train import checkpoint as checkpoint_lib
 from train import data as data_lib
+from train import factors as factors_lib
 from train import logs, pricing
 from train import optimizer as optimizer_lib
 from train import step as step_lib
@@ -74,6 +75,7 @@ def _check(config, num_devices: int) -> None:
       f"devices: every worker takes an equal shard of each batch; use a "
       f"multiple of {num_devices}."
     )
+  factors_lib.check(config)
   for name in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps"):
     if config[name] < 1:
       raise ValueError(f"config.{name} must be >= 1, got {config[name]}")
@@ -223,12 +225,18 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   )
   order = step_lib.gradient_order(model, params, model_state, *batch_like)
   sizes = [int(np.size(x)) for x in jax.tree.leaves(params)]
+  factored = step_factors = mask = None
+  if factors_lib.enabled(config):  # The rule's choice per Dense layer, once.
+    factored = factors_lib.plan(config, model, mesh, params, model_state, batch_like)
+    if factored.active:
+      order, sizes = factored.restrict(params, order, sizes)
+      step_factors, mask = factored, factored.mask
   tx, plan = optimizer_lib.create(
-    config, order, num_steps, step_lib.AXIS, sizes, _saved_plan(workdir)
+    config, order, num_steps, step_lib.AXIS, sizes, _saved_plan(workdir), mask
   )
   opt_state = tx.init(params)
   layout = step_lib.infer_layout(
-    model, tx, mesh, params, model_state, opt_state, batch_like
+    model, tx, mesh, params, model_state, opt_state, batch_like, step_factors
   )
   params, model_state, opt_state = layout.place(
     *layout.params_to_global((params, model_state)), layout.to_global(opt_state)
@@ -252,7 +260,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   if lead:
     _write_run_files(workdir, config, plan)
 
-  train_step = step_lib.make_train_step(model, tx, layout, variant)
+  train_step = step_lib.make_train_step(model, tx, layout, variant, step_factors)
   if layout.params_per_worker:  # The average model, and every worker's own.
     average_layout = dataclasses.replace(layout, params_per_worker=False)
     eval_step = step_lib.make_eval_step(model, average_layout)
@@ -300,6 +308,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       round_wire=round_wire,
       wire_bytes_per_step=wire_bytes,
       **priced.fields,
+      **({"sufficient_factors": factored.record()} if factored else {}),
     )
   writer = logs.MetricWriter(workdir, resume_step=start, enabled=lead)
   progress = logs.Progress(num_steps, enabled=lead)
@@ -311,6 +320,8 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     f"steps {start} -> {num_steps}"
     + (" (resumed from its checkpoint)" if start else "")
   )
+  if factored is not None:
+    progress.message(factored.summary())
 
   window = {"losses": [], "accuracies": [], "t0": None, "s0": start}
   last: dict[str, Any] = {}

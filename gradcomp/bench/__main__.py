@@ -14,6 +14,7 @@ Example::
   python -m gradcomp.bench schemes --seeds 3
   python -m gradcomp.bench cdsgd --seeds 3
   python -m gradcomp.bench gossip --seeds 3
+  python -m gradcomp.bench factors
 """
 
 from __future__ import annotations
@@ -280,6 +281,35 @@ def _wire(args: argparse.Namespace) -> None:
   )
 
 
+def _factors(args: argparse.Namespace) -> None:
+  from absl import logging
+
+  from gradcomp.bench import factors
+
+  names = lambda text: tuple(x for x in text.split(",") if x)
+  try:
+    workers = tuple(int(x) for x in names(args.workers))
+    measure = tuple(int(x) for x in names(args.measure_workers))
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench factors: error: {e}") from None
+  models = names(args.models)
+  unknown = sorted(set(models) - set(factors.MODELS))
+  if unknown or not models or any(p < 1 for p in workers + measure) or args.steps < 1:
+    raise SystemExit(
+      f"python -m gradcomp.bench factors: error: models must be among "
+      f"{', '.join(factors.MODELS)} (got {unknown or 'none'}), worker counts and "
+      f"--steps >= 1"
+    )
+  logging.set_verbosity(logging.WARNING)
+  factors.run(
+    workers=workers,
+    measure_workers=measure,
+    steps=args.steps,
+    models=models,
+    out_dir=args.out,
+  )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(
     prog="python -m gradcomp.bench",
@@ -483,6 +513,21 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   w.add_argument("--out", default="bench_out/", help="directory for wire.json/.png")
   w.set_defaults(func=_wire)
+  sfb = suites.add_parser(
+    "factors",
+    help="sufficient-factor broadcasting: per-layer bytes vs dense on the digits "
+    "MLP and VGG-16 heads at 4-64 workers, exactness, measured training wire",
+  )
+  sfb.add_argument("--workers", default="4,8,16,64", help="comma-separated counts")
+  sfb.add_argument(
+    "--measure-workers",
+    default="4,8",
+    help="virtual CPU workers of the measured MLP runs ('' skips them)",
+  )
+  sfb.add_argument("--steps", type=int, default=20, help="steps per measured run")
+  sfb.add_argument("--models", default="mlp,vgg16_cifar,vgg16_imagenet")
+  sfb.add_argument("--out", default="bench_out/", help="directory for factors.*")
+  sfb.set_defaults(func=_factors)
   args = parser.parse_args(argv)
   if args.suite in ("sizes", "wire"):
     from gradcomp.bench import sizes, wire_suite
