@@ -201,3 +201,33 @@ def scheme_steps(tx, *, jit: bool = True):
     steps, mesh=mesh(), in_specs=(P(), P(None, AXIS)), out_specs=P(AXIS)
   )
   return jax.jit(f) if jit else f
+
+
+def scheme_grads(shapes, steps: int, seed: int = 0):
+  """Float32 N(0, 1) gradients of shape ``(steps, workers, *shape)`` per key."""
+  rng = np.random.default_rng(seed)
+  return {
+    k: rng.standard_normal((steps, WORKERS, *s)).astype(np.float32)
+    for k, s in shapes.items()
+  }
+
+
+def scheme_params(shapes, seed: int = 1):
+  """Float32 N(0, 1) params per key of ``shapes``."""
+  rng = np.random.default_rng(seed)
+  return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+
+def run_scheme(tx, params, grads):
+  """:func:`scheme_steps` on NumPy ``params`` and ``grads``; NumPy results."""
+  out, state = scheme_steps(tx)(
+    jax.tree.map(jnp.asarray, params), shard(grads, P(None, AXIS))
+  )
+  return jax.tree.map(np.asarray, (out, state))
+
+
+def assert_within(got, want, bound: float) -> None:
+  """Every leaf of ``got`` within ``bound`` (absolute) of float64 ``want``."""
+  for key in want:
+    err = np.max(np.abs(np.asarray(got[key], np.float64) - want[key]))
+    assert err <= bound, f"{key}: error {err:.3g} > bound {bound:.3g}"

@@ -35,23 +35,14 @@ ONE = {k: jnp.zeros(s) for k, s in SHAPES.items()}
 
 
 def _grads(seed=0, steps=T):
-  rng = np.random.default_rng(seed)
-  return {
-    k: rng.standard_normal((steps, N, *s)).astype(np.float32) for k, s in SHAPES.items()
-  }
+  return harness.scheme_grads(SHAPES, steps, seed)
 
 
 def _params(seed=1):
-  rng = np.random.default_rng(seed)
-  return {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+  return harness.scheme_params(SHAPES, seed)
 
 
-def _run(tx, params, grads):
-  params_out, state = harness.scheme_steps(tx)(
-    jax.tree.map(jnp.asarray, params),
-    harness.shard(grads, jax.sharding.PartitionSpec(None, harness.AXIS)),
-  )
-  return jax.tree.map(np.asarray, (params_out, state))
+_run = harness.run_scheme
 
 
 def _bound(reference, grads, mu=0.0):
@@ -113,12 +104,6 @@ def _equal(a, b):
     np.testing.assert_array_equal(x, y)
 
 
-def _check(got, want, bound):
-  for key in want:
-    err = np.max(np.abs(np.asarray(got[key], np.float64) - want[key]))
-    assert err <= bound, f"{key}: error {err:.3g} > bound {bound:.3g}"
-
-
 CASES = {
   "dense_k1_warmup3": dict(k=1, warmup=3, threshold=None),
   "bit_k2_warmup3_momentum": dict(k=2, warmup=3, threshold=THRESHOLD, mu=0.9),
@@ -148,8 +133,10 @@ def test_matches_numpy_algorithm_1(case):
   local, state = _run(tx, params, grads)
   want_local, want_global = cdsgd_reference(params, grads, **c)
   bound = _bound(want_local, grads, c.get("mu", 0.0))
-  _check(local, want_local, bound)
-  _check(jax.tree.map(lambda x: x[0], state.global_params), want_global, bound)
+  harness.assert_within(local, want_local, bound)
+  harness.assert_within(
+    jax.tree.map(lambda x: x[0], state.global_params), want_global, bound
+  )
   harness.assert_same_on_workers(state.global_params)
   assert int(state.count[0]) == T
 
@@ -249,7 +236,7 @@ def test_bit_sgd_is_threshold_quantize_then_sgd():
   )
   got = {k: params[k] + np.cumsum(np.asarray(updates[k]), 0)[-1] for k in params}
   want = bit_sgd_reference(params, grads, THRESHOLD)
-  _check(got, want, _bound(want, grads))
+  harness.assert_within(got, want, _bound(want, grads))
 
 
 # --- The overlap, by construction (DESIGN §5) ---------------------------------

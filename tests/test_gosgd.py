@@ -43,23 +43,14 @@ U = float(jnp.finfo(jnp.float32).eps) / 2
 
 
 def _grads(seed=0, steps=T):
-  rng = np.random.default_rng(seed)
-  return {
-    k: rng.standard_normal((steps, N, *s)).astype(np.float32) for k, s in SHAPES.items()
-  }
+  return harness.scheme_grads(SHAPES, steps, seed)
 
 
 def _params(seed=1):
-  rng = np.random.default_rng(seed)
-  return {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+  return harness.scheme_params(SHAPES, seed)
 
 
-def _run(tx, params, grads, jit=True):
-  params_out, state = harness.scheme_steps(tx, jit=jit)(
-    jax.tree.map(jnp.asarray, params),
-    harness.shard(grads, P(None, harness.AXIS)),
-  )
-  return jax.tree.map(np.asarray, (params_out, state))
+_run = harness.run_scheme
 
 
 def _bound(reference, grads, mu=0.0, steps=T):
@@ -69,12 +60,6 @@ def _bound(reference, grads, mu=0.0, steps=T):
     1.0,
   )
   return steps * (N + 4) * U * magnitude / (1 - mu)
-
-
-def _assert_close(got, want, bound):
-  for key in want:
-    err = np.max(np.abs(np.asarray(got[key], np.float64) - want[key]))
-    assert err <= bound, f"{key}: error {err:.3g} > bound {bound:.3g}"
 
 
 # --- NumPy reference ------------------------------------------------------------
@@ -144,7 +129,7 @@ def test_matches_numpy_replay_of_the_pushes(case):
   rounds = draws(c["seed"], c["p"])
   got, state = _run(tx, params, grads)
   want, weights = gosgd_reference(params, grads, rounds, mu)
-  _assert_close(got, want, _bound(want, grads, mu))
+  harness.assert_within(got, want, _bound(want, grads, mu))
   np.testing.assert_array_equal(state.weight, weights.astype(np.float32))
   np.testing.assert_array_equal(state.count, T)
   harness.assert_same_on_workers(state.key)

@@ -28,25 +28,15 @@ SHAPES = {"kernel": (6, 5), "bias": (5,)}
 U = float(jnp.finfo(jnp.float32).eps) / 2
 
 
-def _grads(seed=0, steps=T, scale=1.0):
-  rng = np.random.default_rng(seed)
-  return {
-    k: scale * rng.standard_normal((steps, N, *s)).astype(np.float32)
-    for k, s in SHAPES.items()
-  }
+def _grads(seed=0, steps=T):
+  return harness.scheme_grads(SHAPES, steps, seed)
 
 
 def _params(seed=1):
-  rng = np.random.default_rng(seed)
-  return {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+  return harness.scheme_params(SHAPES, seed)
 
 
-def _run(tx, params, grads):
-  out, state = harness.scheme_steps(tx)(
-    jax.tree.map(jnp.asarray, params),
-    harness.shard(grads, jax.sharding.PartitionSpec(None, harness.AXIS)),
-  )
-  return jax.tree.map(np.asarray, (out, state))
+_run = harness.run_scheme
 
 
 def _ring_matrix():
@@ -60,12 +50,6 @@ def _ring_matrix():
 def _bound(reference, steps=T, degree=2):
   magnitude = max(max(np.abs(v).max() for v in reference.values()), 1.0)
   return steps * (degree + 5) * U * magnitude
-
-
-def _check(got, want, bound):
-  for key in want:
-    err = np.max(np.abs(np.asarray(got[key], np.float64) - want[key]))
-    assert err <= bound, f"{key}: error {err:.3g} > bound {bound:.3g}"
 
 
 def dpsgd_reference(params, grads, w):
@@ -84,7 +68,7 @@ def test_dpsgd_ring_matches_numpy():
   params, grads = _params(), _grads()
   got, _ = _run(tx, params, grads)
   want = dpsgd_reference(params, grads, _ring_matrix())
-  _check(got, want, _bound(want))
+  harness.assert_within(got, want, _bound(want))
 
 
 @pytest.mark.parametrize(
@@ -171,8 +155,8 @@ def test_choco_topk_matches_numpy():
   params, grads = _params(), _grads(seed=5)
   got, state = _run(tx, params, grads)
   want, public = choco_reference(params, grads, _ring_matrix(), gamma, ratio)
-  _check(got, want, _bound(want) * 4)
-  _check(state.public, public, _bound(public) * 4)
+  harness.assert_within(got, want, _bound(want) * 4)
+  harness.assert_within(state.public, public, _bound(public) * 4)
   # s_i = sum_j W_ij x̂_j is kept incrementally: it matches the public copies.
   w = _ring_matrix()
   for k in params:

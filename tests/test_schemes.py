@@ -30,15 +30,11 @@ U = float(jnp.finfo(jnp.float32).eps) / 2
 
 
 def _grads(seed=0, steps=T):
-  rng = np.random.default_rng(seed)
-  return {
-    k: rng.standard_normal((steps, N, *s)).astype(np.float32) for k, s in SHAPES.items()
-  }
+  return harness.scheme_grads(SHAPES, steps, seed)
 
 
 def _params(seed=1):
-  rng = np.random.default_rng(seed)
-  return {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+  return harness.scheme_params(SHAPES, seed)
 
 
 def _bound(reference, grads, mu=0.0):
@@ -50,18 +46,7 @@ def _bound(reference, grads, mu=0.0):
   return T * (N + 4) * U * magnitude / (1 - mu)
 
 
-def _assert_close(got, want, bound):
-  for key in want:
-    err = np.max(np.abs(np.asarray(got[key], np.float64) - want[key]))
-    assert err <= bound, f"{key}: error {err:.3g} > bound {bound:.3g}"
-
-
-def _run(tx, params, grads):
-  params_out, state = harness.scheme_steps(tx)(
-    jax.tree.map(jnp.asarray, params),
-    harness.shard(grads, jax.sharding.PartitionSpec(None, harness.AXIS)),
-  )
-  return jax.tree.map(np.asarray, (params_out, state))
+_run = harness.run_scheme
 
 
 # --- NumPy references -------------------------------------------------------
@@ -124,7 +109,7 @@ def test_local_sgd_every_1_is_synchronous_momentum_sgd():
     for k, g in grads.items()
   }
   want = local_sgd_reference(params, mean, every=T + 1, mu=0.9)
-  _assert_close(got, want, _bound(want, grads, mu=0.9))
+  harness.assert_within(got, want, _bound(want, grads, mu=0.9))
 
 
 def test_local_sgd_averages_every_period():
@@ -132,7 +117,7 @@ def test_local_sgd_averages_every_period():
   tx = gradcomp.local_sgd(optax.sgd(LR, momentum=0.5), 3, axis_name=harness.AXIS)
   got, state = _run(tx, params, grads)
   want = local_sgd_reference(params, grads, every=3, mu=0.5)
-  _assert_close(got, want, _bound(want, grads, mu=0.5))
+  harness.assert_within(got, want, _bound(want, grads, mu=0.5))
   # After 7 steps (last round at step 6) the workers differ by one local step.
   assert not np.allclose(got["kernel"][0], got["kernel"][1])
   np.testing.assert_array_equal(state.count, T)
@@ -144,7 +129,7 @@ def test_diloco_outer_nesterov():
   tx = gradcomp.local_sgd(optax.sgd(LR), 2, outer=outer, axis_name=harness.AXIS)
   got, state = _run(tx, params, grads)
   want = local_sgd_reference(params, grads, every=2, outer=(0.7, 0.9))
-  _assert_close(got, want, _bound(want, grads, mu=0.9))
+  harness.assert_within(got, want, _bound(want, grads, mu=0.9))
   # The anchor is replicated and is where the last round put every worker.
   harness.assert_same_on_workers(state.anchor)
 
@@ -170,7 +155,7 @@ def test_compressed_pseudo_gradients_conserve_mass():
     anchor = np.asarray(state.anchor[k][0], np.float64)
     dense = params[k] - LR * grads[k][: T - 1].astype(np.float64).mean(1).sum(0)
     want = {k: dense}
-    _assert_close({k: anchor - residual.mean(0)}, want, _bound(want, grads))
+    harness.assert_within({k: anchor - residual.mean(0)}, want, _bound(want, grads))
 
 
 def test_easgd_matches_reference():
@@ -178,7 +163,7 @@ def test_easgd_matches_reference():
   tx = gradcomp.easgd(optax.sgd(LR), 0.1, every=2, axis_name=harness.AXIS)
   got, state = _run(tx, params, grads)
   want = easgd_reference(params, grads, alpha=0.1, every=2)
-  _assert_close(got, want, _bound(want, grads))
+  harness.assert_within(got, want, _bound(want, grads))
   harness.assert_same_on_workers(state.center)
 
 
@@ -187,7 +172,7 @@ def test_easgd_alpha_0_is_independent_local_training():
   tx = gradcomp.easgd(optax.sgd(LR), 0.0, axis_name=harness.AXIS)
   got, _ = _run(tx, params, grads)
   want = easgd_reference(params, grads, alpha=0.0, every=1)
-  _assert_close(got, want, _bound(want, grads))
+  harness.assert_within(got, want, _bound(want, grads))
 
 
 # --- One worker ----------------------------------------------------------------
@@ -220,7 +205,7 @@ def test_one_worker_is_the_inner_optimizer(make):
   got, want = run(tx), run(inner)
   # One rounding of params + (anchor - params) per round at most.
   bound = _bound(want, grads, mu=0.9)
-  _assert_close(got, jax.tree.map(np.asarray, want), bound)
+  harness.assert_within(got, jax.tree.map(np.asarray, want), bound)
 
 
 # --- The contract (DESIGN §5) and conformance ---------------------------------

@@ -127,6 +127,17 @@ def _convergence(args: argparse.Namespace) -> None:
   )
 
 
+def _seeded_arguments(parser, module, suite: str, methods_help: str) -> None:
+  """``--methods --seeds --steps --eval-every --out`` of a seeded suite."""
+  parser.add_argument(
+    "--methods", default=",".join(module.DEFAULT_METHODS), help=methods_help
+  )
+  parser.add_argument("--seeds", type=int, default=3, help="runs per method")
+  parser.add_argument("--steps", type=int, default=600, help="steps per run")
+  parser.add_argument("--eval-every", type=int, default=100, help="eval interval")
+  parser.add_argument("--out", default="bench_out/", help=f"directory for {suite}.*")
+
+
 def _seeded_suite(suite: str, module, args: argparse.Namespace, docs: bool) -> None:
   """``module.run`` of a suite of seeded training runs (schemes, cdsgd).
 
@@ -395,50 +406,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     help="sync, local SGD, DiLoCo (dense, top-k, signSGD) and EASGD on digits: "
     "accuracy, bytes/step, simulated time on two described clusters",
   )
-  sm.add_argument(
-    "--methods",
-    default=",".join(schemes.DEFAULT_METHODS),
-    help="comma-separated labels (also: diloco_ef_signsgd)",
+  _seeded_arguments(
+    sm, schemes, "schemes", "comma-separated labels (also: diloco_ef_signsgd)"
   )
-  sm.add_argument("--seeds", type=int, default=3, help="runs per method")
-  sm.add_argument("--steps", type=int, default=600, help="steps per run")
-  sm.add_argument("--eval-every", type=int, default=100, help="eval interval")
   sm.add_argument(
     "--docs",
     action="store_true",
     help="copy schemes.png to docs/ (default: only with the default methods, "
     "seeds, steps and eval interval)",
   )
-  sm.add_argument("--out", default="bench_out/", help="directory for schemes.*")
   sm.set_defaults(func=_schemes)
   cd = suites.add_parser(
     "cdsgd",
     help="paper 001: S-SGD, BIT-SGD, OD-SGD, CD-SGD k=2..20 on digits (accuracy, "
     "measured step vs eqs. 2-7), simulated Table 2 and Fig. 10",
   )
-  cd.add_argument(
-    "--methods",
-    default=",".join(cdsgd.DEFAULT_METHODS),
-    help="comma-separated labels",
-  )
-  cd.add_argument("--seeds", type=int, default=3, help="runs per method")
-  cd.add_argument("--steps", type=int, default=600, help="steps per run")
-  cd.add_argument("--eval-every", type=int, default=100, help="eval interval")
-  cd.add_argument("--out", default="bench_out/", help="directory for cdsgd.*")
+  _seeded_arguments(cd, cdsgd, "cdsgd", "comma-separated labels")
   cd.set_defaults(func=_cdsgd)
   gs = suites.add_parser(
     "gossip",
     help="all-reduce, D-PSGD on four graphs, CHOCO (top-k 1 %%, sign), Q2, GoSGD "
     "on digits: accuracy, consensus, bytes, simulated time on 16 and 64 workers",
   )
-  gs.add_argument(
-    "--methods",
-    default=",".join(gossip.DEFAULT_METHODS),
-    help="comma-separated labels",
-  )
-  gs.add_argument("--seeds", type=int, default=3, help="runs per method")
-  gs.add_argument("--steps", type=int, default=600, help="steps per run")
-  gs.add_argument("--eval-every", type=int, default=100, help="eval interval")
+  _seeded_arguments(gs, gossip, "gossip", "comma-separated labels")
   gs.add_argument(
     "--gamma-sweep",
     nargs="?",
@@ -450,7 +440,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     + ",".join(f"{g:g}" for g in gossip.SWEEP_GAMMAS)
     + ")",
   )
-  gs.add_argument("--out", default="bench_out/", help="directory for gossip.*")
   gs.set_defaults(func=_gossip)
   cm = suites.add_parser(
     "cdsgd-model",

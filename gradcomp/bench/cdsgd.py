@@ -214,17 +214,12 @@ def run(
   docs_png: str | Path | None = None,
 ) -> dict[str, Any]:
   """Runs the suite, prints its tables, writes ``cdsgd.{json,md,png}``."""
-  import jax
-
   import gradcomp
   from gradcomp.bench.compress import machine_info
 
-  methods = list(methods or (METHODS[m] for m in DEFAULT_METHODS))
-  if jax.device_count() != WORKERS:
-    raise ValueError(
-      f"the suite runs {WORKERS} workers, found {jax.device_count()} devices; set "
-      f'jax.config.update("jax_num_cpu_devices", {WORKERS}) before using JAX'
-    )
+  methods = schemes.check_run(
+    methods or [METHODS[m] for m in DEFAULT_METHODS], seeds, steps, eval_every
+  )
   runs_dir = Path(out_dir) / "cdsgd_runs"
   eval_steps = sorted({*range(eval_every, steps + 1, eval_every), steps})
   t_start = time.perf_counter()

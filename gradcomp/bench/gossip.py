@@ -459,23 +459,6 @@ def _train_all(
   return per_method, priced
 
 
-def _check(methods, seeds, steps, eval_every) -> list[Method]:
-  import jax
-
-  methods = list(methods)
-  if not methods:
-    raise ValueError("no methods")
-  for name, value in (("seeds", seeds), ("steps", steps), ("eval_every", eval_every)):
-    if value < 1:
-      raise ValueError(f"{name} must be >= 1, got {value}")
-  if jax.device_count() != WORKERS:
-    raise ValueError(
-      f"the suite runs {WORKERS} workers, found {jax.device_count()} devices; set "
-      f'jax.config.update("jax_num_cpu_devices", {WORKERS}) before using JAX'
-    )
-  return methods
-
-
 def run(
   methods: Sequence[Method] | None = None,
   seeds: int = 3,
@@ -497,7 +480,7 @@ def run(
   import gradcomp
   from gradcomp.bench.compress import machine_info
 
-  methods = _check(
+  methods = schemes.check_run(
     methods or [METHODS[m] for m in DEFAULT_METHODS], seeds, steps, eval_every
   )
   t_start = time.perf_counter()
@@ -575,7 +558,7 @@ def gamma_sweep(
       raise ValueError(f"gamma must be in (0, 1], got {g}")
   label = lambda codec, g: f"choco_{codec}_g{g:g}"
   methods = [_choco(label(c, g), c, gamma=g) for c in codecs for g in gammas]
-  methods = _check(methods, 1, steps, eval_every)
+  methods = schemes.check_run(methods, 1, steps, eval_every)
   t_start = time.perf_counter()
   per_method, _ = _train_all(
     methods, [seed], steps, eval_every, Path(out_dir) / "gossip_gamma_runs"

@@ -420,6 +420,31 @@ def target_checks(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, 
   return checks
 
 
+def check_run(methods, seeds: int, steps: int, eval_every: int) -> list:
+  """``methods`` as a list, after checking a seeded suite's run shape.
+
+  Shared by the suites of seeded training runs (schemes, cdsgd, gossip).
+
+  Raises:
+    ValueError: for no methods, ``seeds``, ``steps`` or ``eval_every`` below
+      1, or a device count other than :data:`WORKERS`.
+  """
+  import jax
+
+  methods = list(methods)
+  if not methods:
+    raise ValueError("no methods")
+  for name, value in (("seeds", seeds), ("steps", steps), ("eval_every", eval_every)):
+    if value < 1:
+      raise ValueError(f"{name} must be >= 1, got {value}")
+  if jax.device_count() != WORKERS:
+    raise ValueError(
+      f"the suite runs {WORKERS} workers, found {jax.device_count()} devices; set "
+      f'jax.config.update("jax_num_cpu_devices", {WORKERS}) before using JAX'
+    )
+  return methods
+
+
 def _log(text: str) -> None:
   print(f"# schemes: {text}", file=sys.stderr, flush=True)
 
@@ -443,25 +468,13 @@ def run(
     out_dir: where the outputs and the runs' workdirs go.
     docs_png: also copy ``schemes.png`` there, if given.
   """
-  import jax
-
   import gradcomp
   from gradcomp.bench.compress import machine_info
   from train import optimizer, pricing
 
   if methods is None:
     methods = [METHODS[m] for m in DEFAULT_METHODS]
-  methods = list(methods)
-  if not methods:
-    raise ValueError("no methods")
-  for name, value in (("seeds", seeds), ("steps", steps), ("eval_every", eval_every)):
-    if value < 1:
-      raise ValueError(f"{name} must be >= 1, got {value}")
-  if jax.device_count() != WORKERS:
-    raise ValueError(
-      f"the suite runs {WORKERS} workers, found {jax.device_count()} devices; set "
-      f'jax.config.update("jax_num_cpu_devices", {WORKERS}) before using JAX'
-    )
+  methods = check_run(methods, seeds, steps, eval_every)
   runs_dir = Path(out_dir) / "schemes_runs"
   eval_steps = sorted({*range(eval_every, steps + 1, eval_every), steps})
   t_start = time.perf_counter()
