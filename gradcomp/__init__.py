@@ -52,6 +52,8 @@ from gradcomp.parallel.topology import torus as torus
 from gradcomp.parallel.wire import wire_bytes as wire_bytes
 from gradcomp.parallel.workers import add_worker_axis as add_worker_axis
 from gradcomp.parallel.workers import drop_worker_axis as drop_worker_axis
+from gradcomp.schemes.async_ps import AsyncPSState as AsyncPSState
+from gradcomp.schemes.async_ps import async_ps as async_ps
 from gradcomp.schemes.cdsgd import CDSGDState as CDSGDState
 from gradcomp.schemes.cdsgd import cdsgd as cdsgd
 from gradcomp.schemes.easgd import EASGDState as EASGDState

@@ -240,6 +240,13 @@ SCHEMES = {
     axis_name=axis,
   ),
   "gosgd": lambda axis=None: gradcomp.gosgd(optax.sgd(LR), 0.5, axis_name=axis),
+  "async_ps_dc_topk": lambda axis=None: gradcomp.async_ps(
+    optax.sgd(LR, momentum=0.9),
+    speeds=(1.0,),
+    delay_compensation=0.1,
+    compressor=gradcomp.topk(0.3),
+    axis_name=axis,
+  ),
 }
 
 

@@ -6,12 +6,19 @@ and a compressor runs on one device. Gathers are requested *invariant*
 decoded mean is typed as replicated and can leave ``shard_map`` with
 ``out_specs=P()``.
 
-**Pluggable exchange.** ``axis_name`` may also be a :class:`Neighbours`: the
-same codec then encodes once and its payload meets only the worker's
-in-neighbours of a gossip topology, through one ``ppermute`` per edge, and a
-"mean" becomes the topology's weighted mix ``sum_j W[i, j] decode(p_j)``
-(survey 004 §2.3; CHOCO-SGD, Koloskova et al. 2019). Exchanges that need a
-global reduction (all-reduce, an agreed key) raise a ``ValueError`` there.
+**Pluggable exchange.** ``axis_name`` may also be a :class:`Pattern`, which
+decides how gathered payloads meet; the same codec encodes once either way:
+
+* :class:`Neighbours`: the payload meets only the worker's in-neighbours of
+  a gossip topology, through one ``ppermute`` per edge, and a "mean" becomes
+  the topology's weighted mix ``sum_j W[i, j] decode(p_j)`` (survey 004 §2.3;
+  CHOCO-SGD, Koloskova et al. 2019);
+* :class:`Pushes`: every worker's payload is all-gathered and decoded on its
+  own, not summed, as a parameter server applying pushes one at a time
+  needs (survey 004 §2.1, §2.3).
+
+Exchanges that need a global reduction (all-reduce, an agreed key) raise a
+``ValueError`` under a pattern.
 """
 
 from __future__ import annotations
@@ -25,7 +32,21 @@ from gradcomp.kernels import hashing
 from gradcomp.parallel import branches, mixing
 
 
-class Neighbours:
+class Pattern:
+  """How gathered payloads meet, in place of the all-gather and sum.
+
+  Subclasses define :meth:`exchange` and a ``what`` phrase for errors; the
+  mesh axis of the workers is ``axis``.
+  """
+
+  axis: str
+  what: str = "this exchange pattern"
+
+  def exchange(self, payload, decode: Callable[..., jax.Array]) -> jax.Array:
+    raise NotImplementedError
+
+
+class Neighbours(Pattern):
   """The in-neighbours of a gossip topology at one step, as an exchange pattern.
 
   Passed as a compressor's ``axis_name`` (``spec.build(axis_name=Neighbours(
@@ -42,6 +63,8 @@ class Neighbours:
     step: the step count (traced int32) choosing the topology's phase.
     axis: the mesh axis of the workers.
   """
+
+  what = "a gossip exchange with neighbours"
 
   def __init__(self, topology, step, axis: str):
     self.topology, self.step, self.axis = topology, step, axis
@@ -63,26 +86,63 @@ class Neighbours:
     return mixed
 
 
+class Pushes(Pattern):
+  """Every worker's payload, gathered and decoded one by one: a server's pushes.
+
+  Passed as a compressor's ``axis_name``: each exchange all-gathers the
+  payloads in the codec's wire format (``to="invarying"``: every worker
+  holds all of them, as each replica of a simulated server must), decodes
+  each worker's payload separately and records the stack, shape
+  ``(workers, ...)``, in ``decoded`` (in call order). It returns the worker's
+  own decoded payload, and ``num_workers`` is 1, so the codec's output is
+  its own decoded gradient. Built afresh inside each traced update.
+
+  Args:
+    axis: the mesh axis of the workers.
+  """
+
+  what = "a parameter server's pushes"
+
+  def __init__(self, axis: str):
+    self.axis = axis
+    self.decoded: list[jax.Array] = []
+
+  def __repr__(self) -> str:
+    return f"Pushes({self.axis!r})"
+
+  def exchange(self, payload, decode: Callable[..., jax.Array]) -> jax.Array:
+    gathered = jax.tree.map(
+      lambda a: jax.lax.all_gather(a, self.axis, to="invarying"), tuple(payload)
+    )
+    n = jax.tree.leaves(gathered)[0].shape[0]
+    self.decoded.append(
+      jnp.stack(
+        [decode(*jax.tree.map(lambda a, w=w: a[w], gathered)) for w in range(n)]
+      )
+    )
+    return decode(*payload)
+
+
 def _global_only(axis_name, what: str) -> None:
-  if isinstance(axis_name, Neighbours):
+  if isinstance(axis_name, Pattern):
     raise ValueError(
-      f"this compressor needs {what} over all workers, which a gossip exchange "
-      "with neighbours cannot provide; in gossip use a codec whose payloads "
-      "are gathered (topk, dgc, qsgd, terngrad, threshold_quantize, "
-      "ef_signsgd, onebit_sgd, fixed_point, dynamic_fixed_point, "
-      "sparse_quantize)"
+      f"this compressor needs {what} over all workers, which {axis_name.what} "
+      "cannot provide; use a codec whose payloads are gathered (topk, dgc, "
+      "qsgd, terngrad, threshold_quantize, ef_signsgd, onebit_sgd, "
+      "fixed_point, dynamic_fixed_point, sparse_quantize)"
     )
 
 
-AxisName = str | tuple[str, ...] | Neighbours | None
+AxisName = str | tuple[str, ...] | Pattern | None
 
 
 def num_workers(axis_name: AxisName) -> int:
   """Static number of workers along ``axis_name`` (1 when it is ``None``).
 
-  1 for :class:`Neighbours` too: its mixing weights are already normalised.
+  1 for a :class:`Pattern` too: :class:`Neighbours`' mixing weights are
+  already normalised, and :class:`Pushes` returns one worker's payload.
   """
-  if axis_name is None or isinstance(axis_name, Neighbours):
+  if axis_name is None or isinstance(axis_name, Pattern):
     return 1
   return jax.lax.axis_size(axis_name)
 
@@ -91,7 +151,7 @@ def worker_key(key: jax.Array, axis_name: AxisName) -> jax.Array:
   """A PRNG key independent between workers, derived from a shared one."""
   if axis_name is None:
     return key
-  if isinstance(axis_name, Neighbours):
+  if isinstance(axis_name, Pattern):
     axis_name = axis_name.axis
   return hashing.derive(key, jax.lax.axis_index(axis_name))
 
@@ -167,7 +227,7 @@ def gathered_sum(payload, decode: Callable[..., jax.Array], axis_name: AxisName)
   stacked (workers, d) array hits a slow path (PERFORMANCE_NOTES: 1.1 s vs 42 ms
   for 25.6M x 8) and materialises every decoded copy.
   """
-  if isinstance(axis_name, Neighbours):
+  if isinstance(axis_name, Pattern):
     return axis_name.exchange(payload, decode)
   gathered = all_gather(payload, axis_name)
   n = jax.tree.leaves(gathered)[0].shape[0]

@@ -20,7 +20,7 @@ def gather_mean(
 
   Index ``size`` marks an empty slot (dropped).
   """
-  if isinstance(axis_name, exchange.Neighbours):  # decoded by each receiver
+  if isinstance(axis_name, exchange.Pattern):  # decoded by each receiver
     return exchange.gathered_sum(
       (values, indices),
       lambda v, i: jnp.zeros((size,), jnp.float32).at[i].add(v, mode="drop"),

@@ -81,7 +81,7 @@ def decode(codes: jax.Array, threshold: float, size: int) -> jax.Array:
 
 def _gather_mean(codes, threshold: float, size: int, axis_name) -> jax.Array:
   """Dense flat mean over workers of the decoded codes (all-gather of the codes)."""
-  if isinstance(axis_name, exchange.Neighbours):  # decoded by each receiver
+  if isinstance(axis_name, exchange.Pattern):  # decoded by each receiver
     return exchange.gathered_sum(
       (codes,), lambda c: decode(c, threshold, size), axis_name
     )
