@@ -54,6 +54,8 @@ from gradcomp.parallel.workers import add_worker_axis as add_worker_axis
 from gradcomp.parallel.workers import drop_worker_axis as drop_worker_axis
 from gradcomp.schemes.async_ps import AsyncPSState as AsyncPSState
 from gradcomp.schemes.async_ps import async_ps as async_ps
+from gradcomp.schemes.backup import BackupState as BackupState
+from gradcomp.schemes.backup import backup_workers as backup_workers
 from gradcomp.schemes.cdsgd import CDSGDState as CDSGDState
 from gradcomp.schemes.cdsgd import cdsgd as cdsgd
 from gradcomp.schemes.easgd import EASGDState as EASGDState
