@@ -86,7 +86,11 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   ``gossip`` takes ``topology`` (ring, torus, exponential,
   one_peer_exponential, complete) and, with a compressor (CHOCO-SGD),
   ``gamma`` (and ``public_copies=False`` for the uncorrected compressed
-  gossip CHOCO fixes); ``gosgd`` takes ``p``.
+  gossip CHOCO fixes); ``gosgd`` takes ``p``. ``async_ps`` (survey 004
+  §2.3) takes ``staleness_bound``, ``delay_compensation`` (DC-ASGD's
+  lambda) and ``jitter``, with ``config.compressor`` on its pushes;
+  ``backup_workers`` (§2.2) takes ``backups`` and ``jitter``. Both read the
+  workers' speeds from ``config.cluster.speeds``.
   """
   c = ml_collections.ConfigDict()
   c.name = name
@@ -104,6 +108,10 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("gamma", float),
     ("p", float),
     ("public_copies", bool),
+    ("staleness_bound", int),
+    ("delay_compensation", float),
+    ("jitter", float),
+    ("backups", int),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)
@@ -116,11 +124,23 @@ def cluster(**kwargs) -> ml_collections.ConfigDict:
   One worker per device of the run. ``speeds``: relative compute speed per
   worker (``None``: all 1.0); ``flops_per_second``: a speed-1.0 worker's
   training throughput (``None``: gradcomp's 8 TFLOP/s); links: bandwidth
-  (Gbit/s) and latency (us) of a ring.
+  (Gbit/s) and latency (us) per message. ``allreduce``: how an all-reduce
+  moves bytes (``gradcomp.sim.cluster.ALLREDUCE``: ring,
+  recursive_halving_doubling, rabenseifner, binary_tree, hierarchical,
+  sharded_parameter_server, or best, the cheapest per message size), e.g.
+  ``--config.cluster.allreduce=rabenseifner``; ``servers`` and ``colocated``
+  shape the sharded parameter server, ``workers_per_node`` and the intra-node
+  link the hierarchical one. The defaults are ``gradcomp.Cluster``'s.
   """
   c = ml_collections.ConfigDict()
   c.bandwidth_gbps = 20.0
   c.latency_us = 25.0
+  c.allreduce = "ring"
+  c.servers = 1
+  c.colocated = False
+  c.workers_per_node = 1
+  c.intra_bandwidth_gbps = 128.0
+  c.intra_latency_us = 5.0
   c.flops_per_second = config_dict.placeholder(float)
   c.speeds = config_dict.placeholder(tuple)
   c.update(kwargs)
@@ -145,7 +165,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.fusion.plan = "auto"  # layerwise | single | auto | none
   config.fusion.search = "heuristic"  # for "auto": heuristic | optimal
 
-  config.scheme = scheme("none")  # none|local_sgd|easgd|cdsgd|gossip|gosgd
+  # none|local_sgd|easgd|cdsgd|gossip|gosgd|async_ps|backup_workers
+  config.scheme = scheme("none")
   # Sufficient-factor broadcasting (train/factors.py; synchronous only): each
   # nn.Dense layer for which Poseidon's rule finds its factors cheaper on the
   # wire than the compressor's (or dense) exchange sends them instead.

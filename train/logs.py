@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -75,6 +77,35 @@ class MetricWriter:
       if key not in ("step", "wall_time") and isinstance(value, (int, float)):
         self._tb.add_scalar(key, float(value), step, walltime=row["wall_time"])
     self._tb.flush()  # As the jsonl: a killed run keeps what it logged.
+
+  def histogram(self, step: int, name: str, counts) -> None:
+    """A histogram of the integers ``0 .. len(counts) - 1`` (``counts[i]`` of value ``i``).
+
+    TensorBoard gets it as a histogram; ``metrics.jsonl`` as a row with the
+    counts (trailing zeros dropped) under ``name``.
+    """
+    if not self.enabled:
+      return
+    counts = [int(c) for c in counts]
+    while counts and counts[-1] == 0:
+      counts.pop()
+    self._write_row({"step": step, "wall_time": _now(), name: counts})
+    total = sum(counts)
+    if total:
+      values = np.arange(len(counts))
+      weights = np.asarray(counts)
+      self._tb.add_histogram_raw(
+        name,
+        min=float(values[weights > 0].min()),
+        max=float(len(counts) - 1),
+        num=total,
+        sum=float(values @ weights),
+        sum_squares=float(values**2 @ weights),
+        bucket_limits=[v + 0.5 for v in values.tolist()],
+        bucket_counts=counts,
+        global_step=step,
+      )
+      self._tb.flush()
 
   def _write_row(self, row: dict[str, Any]) -> None:
     self._file.write(json.dumps(row) + "\n")

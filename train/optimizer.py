@@ -84,12 +84,31 @@ def _same_on_every_process(plan: gradcomp.Plan) -> gradcomp.Plan:
   return gradcomp.Plan.from_boundaries(plan.order, np.flatnonzero(starts).tolist())
 
 
+def cluster_of(config, workers: int) -> gradcomp.Cluster:
+  """The described cluster of ``config.cluster`` (defaults: homogeneous, 20 Gbps).
+
+  Every set field is a ``gradcomp.Cluster`` keyword, ``allreduce`` (and its
+  ``servers``, ``colocated``, ``workers_per_node``, intra-node link) among
+  them, so ``--config.cluster.allreduce=rabenseifner`` prices the run's
+  all-reduces by that algorithm.
+  """
+  cfg = config.get("cluster") or {}
+  kwargs = {k: v for k, v in dict(cfg).items() if v is not None}
+  if "speeds" in kwargs:
+    kwargs["speeds"] = tuple(float(v) for v in kwargs["speeds"])
+  try:
+    return gradcomp.Cluster(workers, **kwargs)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.cluster: {e}") from e
+
+
 def fusion_plan(
   cfg,
   order: Sequence[int],
   sizes: Sequence[int] | None = None,
   inner=None,
   saved: gradcomp.Plan | None = None,
+  cluster: gradcomp.Cluster | None = None,
 ) -> gradcomp.Plan | None:
   """The ``layerfusion`` plan of ``cfg.plan``, or ``None`` for no fusion.
 
@@ -97,7 +116,8 @@ def fusion_plan(
   ``order``, so the run's plan can be saved as JSON. ``"auto"`` (paper 000
   §4.3) needs the leaf ``sizes`` and the ``inner`` compressor: its profile is
   measured on this backend up to the model's size, and the plan is chosen
-  for ``Cluster(jax.device_count())`` with ``cfg.search``. A measured
+  for ``cluster`` (the run's ``config.cluster``; default
+  ``Cluster(jax.device_count())``) with ``cfg.search``. A measured
   profile varies between runs, so a resumed run passes the plan it ``saved``
   (the checkpointed state is shaped by it), and with several processes all
   take process 0's (only process 0 profiles). ``"none"`` skips the wrapper
@@ -116,7 +136,7 @@ def fusion_plan(
         )
       if jax.process_index() == 0:
         profile = gradcomp.profile_for(inner, up_to=sum(sizes))
-        cluster = gradcomp.Cluster(jax.device_count())
+        cluster = cluster or gradcomp.Cluster(jax.device_count())
         saved = gradcomp.auto_plan(sizes, order, profile, cluster, method=cfg.search)
       else:  # Replaced by process 0's plan below: no need to profile.
         saved = gradcomp.Plan.single(order)
@@ -151,7 +171,11 @@ SCHEMES = {
   "cdsgd": gradcomp.cdsgd,
   "gossip": gradcomp.gossip,
   "gosgd": gradcomp.gosgd,
+  "async_ps": gradcomp.async_ps,
+  "backup_workers": gradcomp.backup_workers,
 }
+#: Schemes whose factory takes the workers' ``speeds`` (from ``config.cluster``).
+TIMED_SCHEMES = ("async_ps", "backup_workers")
 #: Fields of ``config.scheme`` that build ``outer`` (DiLoCo's Nesterov SGD)
 #: rather than being keywords of the factory.
 _OUTER_FIELDS = ("outer_learning_rate", "outer_momentum")
@@ -208,8 +232,12 @@ def cdsgd_exchanges(config) -> Callable[[int], str]:
   return kind
 
 
-def _scheme(config, local, compressor_tx, axis_name):
-  """``SCHEMES[name](local, ...)`` with the set fields of ``config.scheme``."""
+def _scheme(config, local, compressor_tx, axis_name, speeds=None):
+  """``SCHEMES[name](local, ...)`` with the set fields of ``config.scheme``.
+
+  ``speeds`` (a ``(steps, workers)`` table of the described cluster) goes to
+  the schemes of :data:`TIMED_SCHEMES`.
+  """
   name = scheme_name(config)
   factory = SCHEMES[name]
   cfg = config.scheme
@@ -218,6 +246,10 @@ def _scheme(config, local, compressor_tx, axis_name):
     for k, v in cfg.items()
     if k != "name" and k not in _OUTER_FIELDS and v is not None
   }
+  if name in TIMED_SCHEMES:
+    if speeds is None:
+      raise ValueError(f"scheme {name} needs the workers' speeds (config.cluster)")
+    kwargs["speeds"] = speeds
   accepted = inspect.signature(factory).parameters
   for key in sorted(set(kwargs) - set(accepted)):
     logging.warning(
@@ -267,6 +299,7 @@ def create(
   sizes: Sequence[int] | None = None,
   saved_plan: gradcomp.Plan | None = None,
   mask=None,
+  speeds=None,
 ) -> tuple[optax.GradientTransformation, gradcomp.Plan | None]:
   """The run's optimizer and its fusion plan.
 
@@ -282,12 +315,15 @@ def create(
     mask: ``optax.masked``'s mask of the compressor (with its fusion), or
       ``None``: leaves it maps to ``False`` (kernels whose sufficient factors
       the step exchanges, ``train/factors.py``) skip it, already the mean.
+    speeds: the described cluster's ``(steps, workers)`` speed table
+      (``pricing.speed_table``), for ``async_ps`` and ``backup_workers``.
 
   Returns:
     ``(tx, plan)``: ``tx``'s state is an ``optax.ApplyIfFiniteState``.
   """
   inner = compressor(config.compressor, axis_name)
-  plan = fusion_plan(config.fusion, order, sizes, inner, saved_plan)
+  cluster = cluster_of(config, jax.device_count())
+  plan = fusion_plan(config.fusion, order, sizes, inner, saved_plan, cluster)
   if plan is not None:
     inner = gradcomp.layerfusion(inner, plan)
   if mask is not None:
@@ -303,18 +339,19 @@ def create(
   )
   if scheme_name(config) == "none":
     tx = optax.chain(inner, *parts)
-  elif scheme_name(config) == "gossip":
-    # CHOCO rebuilds the codec for the neighbour exchange, per leaf: no fusion.
-    choco = (
+  elif scheme_name(config) in ("gossip", "async_ps"):
+    # CHOCO and the server's pushes rebuild the codec for their exchange
+    # (neighbours, pushes), per leaf: no fusion.
+    codec = (
       None
       if config.compressor.name == "none"
       else compressor(config.compressor, axis_name)
     )
-    tx = _scheme(config, optax.chain(*parts), choco, axis_name)
+    tx = _scheme(config, optax.chain(*parts), codec, axis_name, speeds)
   else:
     # The dense mean is the scheme's own default: no compressor in between.
     pseudo = None if config.compressor.name == "none" else inner
-    tx = _scheme(config, optax.chain(*parts), pseudo, axis_name)
+    tx = _scheme(config, optax.chain(*parts), pseudo, axis_name, speeds)
   tx = gradcomp.apply_if_finite(tx, _NEVER_FORCE, axis_name=axis_name)
   return tx, plan
 
@@ -343,3 +380,13 @@ def global_weights(opt_state):
   ``optax.ApplyIfFiniteState`` around ``gradcomp.CDSGDState``.
   """
   return opt_state.inner_state.global_params
+
+
+def staleness_histogram(opt_state) -> np.ndarray:
+  """``async_ps``'s staleness histogram (one worker's replica) in the run's state.
+
+  ``opt_state`` is an ``optax.ApplyIfFiniteState`` around
+  ``gradcomp.AsyncPSState``, its leaves with a leading worker axis.
+  """
+  hist = np.asarray(jax.device_get(opt_state.inner_state.staleness))
+  return hist.reshape(-1, hist.shape[-1])[0]

@@ -11,7 +11,12 @@ schedule, and each scheme's clock is the one its waiting pattern needs:
 * CD-SGD: the exchange of step t under step t+1's compute
   (``gradcomp.simulate_delayed``, paper 001 eqs. 6-7);
 * gossip and GoSGD: each worker waits for its in-neighbours only
-  (``gradcomp.simulate_gossip``).
+  (``gradcomp.simulate_gossip``);
+* the asynchronous server (``async_ps``): never waits; its step is the
+  fastest worker's gradient (the scheme's own time unit), pushes and pulls
+  assumed hidden (the server and its links not a bottleneck);
+* backup workers: each round waits for the ``n - b``-th arrival (the
+  scheme's own draws, replayed here), then one all-reduce.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from jax.sharding import PartitionSpec as P
 
 import gradcomp
 from gradcomp.parallel import wire, workers
+from gradcomp.schemes import async_ps as async_ps_lib
+from gradcomp.schemes import backup as backup_lib
 from train import data as data_lib
 from train import optimizer as optimizer_lib
 from train import step as step_lib
@@ -111,16 +118,45 @@ def _cdsgd_wire(config, plan, mesh, params, step_wire, num_steps):
   return drop_zero(full), drop_zero(compressed), per_step
 
 
-def cluster_of(config, workers: int) -> gradcomp.Cluster:
-  """The described cluster of ``config.cluster`` (defaults: homogeneous, 20 Gbps)."""
-  cfg = config.get("cluster") or {}
-  kwargs = {k: v for k, v in dict(cfg).items() if v is not None}
-  if "speeds" in kwargs:
-    kwargs["speeds"] = tuple(float(v) for v in kwargs["speeds"])
-  try:
-    return gradcomp.Cluster(workers, **kwargs)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"config.cluster: {e}") from e
+#: The described cluster of ``config.cluster`` (it also prices the fusion plan).
+cluster_of = optimizer_lib.cluster_of
+
+
+def speed_table(config, num_workers: int, num_steps: int) -> np.ndarray:
+  """The described cluster's speeds as ``async_ps``'s ``(steps, workers)`` table.
+
+  Row ``r`` holds ``Cluster.speeds_at(r + 1)`` (the gradients started in
+  step ``r`` run from step ``r + 1``), up to the last step an event changes.
+  """
+  cluster = cluster_of(config, num_workers)
+  last = 1
+  for event in cluster.events:
+    last = max(last, event.start if hasattr(event, "start") else event.step)
+    last = max(last, getattr(event, "stop", None) or 0)
+  rows = min(last, num_steps + 1)
+  return np.stack([cluster.speeds_at(r + 1) for r in range(rows)])
+
+
+def _timed_clock(config, cluster, flops, step_wire, num_steps, workers_):
+  """``async_ps`` and ``backup_workers``: simulated seconds after each step."""
+  table = async_ps_lib.speed_table(speed_table(config, workers_, num_steps))
+  unit = float(flops) / (cluster.flops_per_second * float(table.max()))
+  if optimizer_lib.scheme_name(config) == "async_ps":
+    return unit * np.arange(num_steps + 1, dtype=np.float64)
+  cfg = config.scheme
+  jitter = float(cfg.get("jitter") or 0.0)
+  keep = workers_ - cfg.backups
+  key = jax.random.PRNGKey(0)  # the factory's default seed
+  rounds = jax.vmap(
+    lambda r: backup_lib.accepted_workers(
+      async_ps_lib.task_durations(key, r, table, jitter), keep
+    )[1]
+  )(np.arange(num_steps, dtype=np.int32))
+  allreduce = float(
+    cluster.exchange_seconds("all-reduce", step_wire.get("all-reduce", 0))
+  )
+  per_round = unit * np.asarray(rounds, np.float64) + allreduce
+  return np.concatenate([[0.0], np.cumsum(per_round)])
 
 
 def flops_per_step(model, ds: data_lib.Dataset, batch_per_worker: int) -> float:
@@ -198,6 +234,10 @@ def price(config, plan, mesh, params, step_wire, num_steps, flops) -> Priced:
       "overlap": overlap,
     }
     return Priced(per_step, {"collective-permute": int(message)}, seconds, fields)
+  if name in optimizer_lib.TIMED_SCHEMES:
+    seconds = _timed_clock(config, cluster, flops, step_wire, num_steps, mesh.size)
+    per_step = sum(step_wire.values())
+    return Priced(per_step, {k: b for k, b in step_wire.items() if b}, seconds, {})
   is_round = optimizer_lib.round_steps(config)
   if name == "none":  # Every step is an exchange round.
     round_wire_, per_step = step_wire, sum(step_wire.values())

@@ -231,8 +231,11 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     if factored.active:
       order, sizes = factored.restrict(params, order, sizes)
       step_factors, mask = factored, factored.mask
+  speeds = None
+  if optimizer_lib.scheme_name(config) in optimizer_lib.TIMED_SCHEMES:
+    speeds = pricing.speed_table(config, mesh.size, num_steps)
   tx, plan = optimizer_lib.create(
-    config, order, num_steps, step_lib.AXIS, sizes, _saved_plan(workdir), mask
+    config, order, num_steps, step_lib.AXIS, sizes, _saved_plan(workdir), mask, speeds
   )
   opt_state = tx.init(params)
   layout = step_lib.infer_layout(
@@ -367,6 +370,14 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       row["consensus_distance"] = float(
         step_lib.consensus_distance(per_worker_params()[0])
       )
+    if scheme == "async_ps":
+      counts = optimizer_lib.staleness_histogram(
+        layout.from_variant(variant, params, model_state, opt_state)[2]
+      )
+      row["staleness_mean"] = float(
+        counts @ np.arange(counts.size) / max(counts.sum(), 1)
+      )
+      writer.histogram(step, "staleness_histogram", counts)
     writer.write(step, **row)
     progress.update(step, loss, row["samples_per_sec"], steps_per_sec)
     window.update(losses=[], accuracies=[], t0=now, s0=step)
