@@ -75,6 +75,8 @@ from gradcomp.sim.clock import training_flops as training_flops
 from gradcomp.sim.cluster import Cluster as Cluster
 from gradcomp.sim.cluster import Failure as Failure
 from gradcomp.sim.cluster import Slowdown as Slowdown
+from gradcomp.sim.collectives import allreduce_table as allreduce_table
+from gradcomp.sim.collectives import best_allreduce as best_allreduce
 from gradcomp.sim.delayed import delayed_exchange as delayed_exchange
 from gradcomp.sim.delayed import method_step_seconds as method_step_seconds
 from gradcomp.sim.delayed import saving_over_bitsgd as saving_over_bitsgd

@@ -394,6 +394,16 @@ def test_fusion_command_line_compares_plans(tmp_path, capsys):
   [
     (["--workers", "0"], "workers must be"),
     (["--ratio", "0.5"], "measured for topk"),
+    (["--allreduce", "sharded_parameter_server", "--servers", "0"], "servers must be"),
+    (
+      ["--allreduce", "sharded_parameter_server", "--servers", "17", "--colocated"],
+      r"servers must be in [1, workers = 16] when colocated, got 17",
+    ),
+    (
+      ["--allreduce", "hierarchical", "--workers-per-node", "3"],
+      "workers_per_node must divide workers = 16, got 3",
+    ),
+    (["--topology", "parameter_server", "--allreduce", "best"], "allreduce must be"),
   ],
 )
 def test_fusion_command_line_rejects_bad_input(tmp_path, capsys, extra, message):
@@ -404,3 +414,67 @@ def test_fusion_command_line_rejects_bad_input(tmp_path, capsys, extra, message)
   argv = ["--model", "lstm_ptb", "--compressor", "topk", "--ratio", "0.01"]
   assert fusion.main([*argv, "--profile", str(path), *extra]) == 2
   assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+  "extra, want",
+  [
+    ([], {}),  # the cluster the command line always built
+    (["--allreduce", "rabenseifner"], {"allreduce": "rabenseifner"}),
+    (["--allreduce", "best"], {"allreduce": "best"}),
+    (
+      ["--allreduce", "sharded_parameter_server", "--servers", "4", "--colocated"],
+      {"allreduce": "sharded_parameter_server", "servers": 4, "colocated": True},
+    ),
+    (
+      ["--allreduce", "hierarchical", "--workers-per-node", "4"]
+      + ["--intra-bandwidth-gbps", "200", "--intra-latency-us", "1"],
+      {
+        "allreduce": "hierarchical",
+        "workers_per_node": 4,
+        "intra_bandwidth_gbps": 200.0,
+        "intra_latency_us": 1.0,
+      },
+    ),
+  ],
+)
+def test_fusion_command_line_builds_the_cluster(extra, want):
+  from gradcomp.fusion import cli as fusion
+
+  argv = ["--model", "resnet20", "--compressor", "topk", "--ratio", "0.01"]
+  args = fusion.parse_args([*argv, "--workers", "16", *extra])
+  assert fusion.cluster_of(args) == gradcomp.Cluster(16, **want)
+
+
+def test_fusion_command_line_prices_the_chosen_allreduce(tmp_path, capsys):
+  from gradcomp.fusion import cli as fusion
+
+  # A dense all-reduce profile (4 bytes per value, one collective per group).
+  sizes = (16, 256, 4096, 65536, 2**20)
+  path = tmp_path / "none.json"
+  gradcomp.Profile(
+    compressor=spec_of(gradcomp.none()).label(),
+    backend="synthetic",
+    devices=1,
+    sizes=sizes,
+    seconds=(1e-5,) * len(sizes),
+    fused_seconds=(1e-5,) * len(sizes),
+    wire_bytes={"all-reduce": tuple(4 * s for s in sizes)},
+    wire_messages={"all-reduce": (1,) * len(sizes)},
+  ).save(path)
+  argv = ["--model", "resnet20", "--compressor", "none", "--workers", "64"]
+  argv += ["--profile", str(path), "--out", str(tmp_path / "plan.json")]
+
+  def layerwise_comm_ms(extra):
+    assert fusion.main([*argv, *extra]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| layerwise |"))
+    return out, float(row.split("|")[6])
+
+  out, ring = layerwise_comm_ms([])
+  assert "(all-reduce: ring, 25 us)" in out
+  out, best = layerwise_comm_ms(["--allreduce", "best"])
+  assert "(all-reduce: best, 25 us)" in out
+  # 64 workers, a power of two: halving/doubling has the ring's bytes and
+  # 2 lg 64 = 12 latencies per all-reduce against 2 * 63 = 126; 59 tensors.
+  assert ring - best == pytest.approx(59 * (126 - 12) * 25e-3, abs=0.02)  # .2f

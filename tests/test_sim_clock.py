@@ -272,3 +272,35 @@ def test_training_flops_of_a_dense_layer():
   assert training_flops(forward, batch) == 3 * (2 * din * dout + dout) * batch
   with pytest.raises(ValueError, match="leading batch dimension of 1"):
     forward_flops_per_sample(nn.Dense(dout), jnp.zeros((2, din)))
+
+
+# -- the training program's cluster (configs/default.py, train/pricing.py) -----------
+
+
+def test_config_cluster_chooses_the_allreduce():
+  from configs import default
+  from train import pricing
+
+  # The config block's defaults are the Cluster's: the same cluster as before.
+  assert pricing.cluster_of(default.get_config(), 8) == Cluster(8)
+  # The fields a `--config.cluster.*` override sets (typed: ConfigDict fields).
+  config = default.get_config()
+  config.cluster.allreduce = "sharded_parameter_server"
+  config.cluster.servers = 4
+  config.cluster.colocated = True
+  with pytest.raises(TypeError):
+    config.cluster.servers = "four"
+  c = pricing.cluster_of(config, 8)
+  assert (c.allreduce, c.servers, c.colocated) == ("sharded_parameter_server", 4, True)
+  want = 2 * 7 * (25.0 * 1e-6 + 1e6 / 4 * 8.0 / 20e9)  # 2 (n-1) (alpha + B/S beta)
+  assert c.exchange_seconds("all-reduce", 1e6) == pytest.approx(want, rel=1e-12)
+  config = default.get_config()
+  config.cluster.allreduce = "rabenseifner"
+  assert pricing.cluster_of(config, 8).allreduce == "rabenseifner"
+  config.cluster.allreduce = "hierarchical"
+  config.cluster.workers_per_node = 3
+  with pytest.raises(ValueError, match="config.cluster: workers_per_node must divide"):
+    pricing.cluster_of(config, 8)
+  config.cluster.allreduce = "butterfly"
+  with pytest.raises(ValueError, match="config.cluster: allreduce must be one of"):
+    pricing.cluster_of(config, 8)

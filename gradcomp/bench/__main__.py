@@ -15,6 +15,7 @@ Example::
   python -m gradcomp.bench cdsgd --seeds 3
   python -m gradcomp.bench gossip --seeds 3
   python -m gradcomp.bench factors
+  python -m gradcomp.bench collectives --bandwidth-gbps 10 --latency-us 25
 """
 
 from __future__ import annotations
@@ -321,6 +322,19 @@ def _factors(args: argparse.Namespace) -> None:
   )
 
 
+def _collectives(args: argparse.Namespace) -> None:
+  from gradcomp.bench import collectives
+
+  try:
+    collectives.run(
+      bandwidth_gbps=args.bandwidth_gbps,
+      latency_us=args.latency_us,
+      out_dir=args.out,
+    )
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench collectives: error: {e}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(
     prog="python -m gradcomp.bench",
@@ -517,6 +531,15 @@ def main(argv: Sequence[str] | None = None) -> None:
   sfb.add_argument("--models", default="mlp,vgg16_cifar,vgg16_imagenet")
   sfb.add_argument("--out", default="bench_out/", help="directory for factors.*")
   sfb.set_defaults(func=_factors)
+  co = suites.add_parser(
+    "collectives",
+    help="which all-reduce (ring, halving/doubling, tree) the cost model picks "
+    "for 2-1024 workers and 1 KB-1 GB, and its time against the ring's",
+  )
+  co.add_argument("--bandwidth-gbps", type=float, default=10.0, help="link Gbit/s")
+  co.add_argument("--latency-us", type=float, default=25.0, help="per message")
+  co.add_argument("--out", default="bench_out/", help="directory for collectives.*")
+  co.set_defaults(func=_collectives)
   args = parser.parse_args(argv)
   if args.suite in ("sizes", "wire"):
     from gradcomp.bench import sizes, wire_suite

@@ -10,6 +10,16 @@ measured now on this backend (or loaded with ``--profile``); ``Comm`` from the
 alpha-beta model of the cluster; the backward time per leaf from the model's
 FLOPs at ``--tflops`` (the total can be given with ``--backward-ms``).
 
+``--allreduce`` chooses how the cluster's all-reduces move bytes (issue 16;
+:mod:`gradcomp.sim.collectives`): ``ring`` (default),
+``recursive_halving_doubling``, ``rabenseifner``, ``binary_tree``,
+``hierarchical`` (with ``--workers-per-node``, ``--intra-bandwidth-gbps``,
+``--intra-latency-us``), ``sharded_parameter_server`` (with ``--servers`` and
+``--colocated``) or ``best`` (the cheapest flat one per message size), e.g.
+
+    python -m gradcomp.fusion --model resnet50 --compressor none \\
+        --workers 64 --allreduce best
+
 Leaf indices in the plan refer to ``jax.tree.leaves`` of the flat
 ``{name: array}`` tree of ``gradcomp.models.shapes.make_tree`` (names sorted);
 gradient-ready order is the reverse of the forward order.
@@ -28,7 +38,13 @@ from gradcomp.fusion import search as fusion_search
 from gradcomp.fusion.plan import Plan
 from gradcomp.fusion.profiling import profile
 from gradcomp.models import shapes
-from gradcomp.sim.cluster import TOPOLOGIES, Cluster
+from gradcomp.sim.cluster import (
+  ALLREDUCE,
+  DEFAULT_INTRA_BANDWIDTH_GBPS,
+  DEFAULT_INTRA_LATENCY_US,
+  TOPOLOGIES,
+  Cluster,
+)
 from gradcomp.sim.model_workload import DEFAULT_TFLOPS, model_workload
 from gradcomp.sim.profile import DEFAULT_SIZES, Profile
 from gradcomp.sim.timeline import CostModel
@@ -113,6 +129,28 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--bandwidth-gbps", type=float, default=20.0)
   parser.add_argument("--latency-us", type=float, default=25.0)
   parser.add_argument("--topology", choices=TOPOLOGIES, default="ring")
+  parser.add_argument(
+    "--allreduce", choices=ALLREDUCE, default="ring",
+    help="how an all-reduce moves bytes (best: the cheapest flat one per size)",
+  )  # fmt: skip
+  parser.add_argument(
+    "--servers", type=int, default=1, help="sharded_parameter_server's servers"
+  )
+  parser.add_argument(
+    "--colocated", action="store_true",
+    help="sharded_parameter_server: servers run on workers, not nodes of their own",
+  )  # fmt: skip
+  parser.add_argument(
+    "--workers-per-node", type=int, default=1, help="hierarchical: workers per node"
+  )
+  parser.add_argument(
+    "--intra-bandwidth-gbps", type=float, default=DEFAULT_INTRA_BANDWIDTH_GBPS,
+    help="hierarchical: intra-node link Gbit/s",
+  )  # fmt: skip
+  parser.add_argument(
+    "--intra-latency-us", type=float, default=DEFAULT_INTRA_LATENCY_US,
+    help="hierarchical: intra-node latency per message",
+  )  # fmt: skip
   parser.add_argument("--batch-size", type=int, help="per worker; default Table 3's")
   parser.add_argument("--tflops", type=float, default=DEFAULT_TFLOPS)
   parser.add_argument("--backward-ms", type=float, help="total backward time")
@@ -124,6 +162,38 @@ def parse_args(argv=None) -> argparse.Namespace:
   return parser.parse_args(argv)
 
 
+def cluster_of(args: argparse.Namespace) -> Cluster:
+  """The :class:`Cluster` the flags describe; ``ValueError`` on a bad one."""
+  return Cluster(
+    args.workers,
+    args.bandwidth_gbps,
+    args.latency_us,
+    args.topology,
+    allreduce=args.allreduce,
+    servers=args.servers,
+    colocated=args.colocated,
+    workers_per_node=args.workers_per_node,
+    intra_bandwidth_gbps=args.intra_bandwidth_gbps,
+    intra_latency_us=args.intra_latency_us,
+  )
+
+
+def _links(cluster: Cluster) -> str:
+  """The topology and all-reduce algorithm, for the summary line."""
+  if cluster.topology != "ring":
+    return cluster.topology
+  text = f"all-reduce: {cluster.allreduce}"
+  if cluster.allreduce == "sharded_parameter_server":
+    where = "co-located" if cluster.colocated else "dedicated"
+    text += f", {cluster.servers} {where}"
+  if cluster.allreduce == "hierarchical":
+    text += (
+      f", {cluster.workers_per_node} per node at "
+      f"{cluster.intra_bandwidth_gbps:g} Gbps, {cluster.intra_latency_us:g} us"
+    )
+  return text
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   hyperparameters = dict(args.set)
@@ -132,7 +202,7 @@ def main(argv=None) -> int:
       hyperparameters[key] = getattr(args, key)
   try:
     tx = registry.get(args.compressor, **hyperparameters)
-    cluster = Cluster(args.workers, args.bandwidth_gbps, args.latency_us, args.topology)
+    cluster = cluster_of(args)
     work = model_workload(
       args.model, batch_size=args.batch_size, tflops=args.tflops,
       backward_ms=args.backward_ms,
@@ -157,7 +227,7 @@ def main(argv=None) -> int:
   print(
     f"{args.model} ({len(w.sizes)} tensors, {sum(w.sizes):,} values), "
     f"{measured.compressor} profiled on {measured.backend}, {cluster.workers} workers "
-    f"at {cluster.bandwidth_gbps:g} Gbps ({cluster.topology}, {cluster.latency_us:g} us); "
+    f"at {cluster.bandwidth_gbps:g} Gbps ({_links(cluster)}, {cluster.latency_us:g} us); "
     f"forward {w.forward_seconds * 1e3:.1f} ms + backward "
     f"{sum(w.backward_seconds) * 1e3:.1f} ms per step (T_1 = "
     f"{w.single_worker_seconds * 1e3:.1f} ms)\n"

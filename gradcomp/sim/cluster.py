@@ -18,6 +18,42 @@ indexes wrongly; parameter server, §2.1):
   bw`` (the server's link carries ``n`` pushes, then ``n`` pulls); all-gather:
   ``2 alpha + (n + n^2) B / bw`` (each worker pulls all ``n`` payloads).
 
+**How an all-reduce moves bytes** (``allreduce``, issue 16). With
+``topology="ring"`` the all-reduce is priced by the algorithm of
+:mod:`gradcomp.sim.collectives` that ``allreduce`` names (the other kinds keep
+their ring prices above): ``"ring"`` (the default, the first formula above,
+bit for bit: it is :func:`~gradcomp.sim.collectives.ring_allreduce`),
+``"recursive_halving_doubling"`` / ``"rabenseifner"``, ``"binary_tree"``,
+``"hierarchical"`` (``workers_per_node`` workers per node on an intra-node
+link of ``intra_bandwidth_gbps`` and ``intra_latency_us``, a ring between
+nodes on the cluster's link), ``"sharded_parameter_server"`` (``servers``
+servers, ``colocated`` on workers or on their own nodes; survey 004 §2.1,
+§2.4), or ``"best"``: the cheapest of
+:data:`~gradcomp.sim.collectives.FLAT` for each message size, as
+:func:`~gradcomp.sim.collectives.best_allreduce` picks.
+
+Every one of these prices is affine in the bytes, ``T(B) = k alpha + v B beta``
+(the hierarchical one adds an intra-node ``k_i alpha_i + v_i B beta_i``), so
+``messages`` collectives carrying ``nbytes`` in all cost ``messages k alpha +
+v nbytes beta = messages T(nbytes / messages)``: each collective pays its
+latency, the bytes are paid once. ``k`` and ``v`` are read off the
+collectives' own functions (at unit latency and unit per-byte time), so the
+formulas live in one place; for the ring they are ``2 (n-1)`` and
+``2 (n-1) / n`` exactly, and the price is the one this module always gave.
+``"best"`` takes, element by element, the least of the flat algorithms'
+prices; which one wins depends on ``nbytes / messages``.
+
+``topology="parameter_server"`` keeps the single-server model above for both
+the all-reduce and the all-gather, unchanged (the CD-SGD predictions of
+``gradcomp.bench.cdsgd_time`` are read on it), and takes no ``allreduce``
+but the default. It is not ``sharded_parameter_server`` with one dedicated
+server, ``2 n (alpha + B beta)``: both send ``2 n B`` bytes through the
+server's link, but the single-server model pays ``alpha`` once per phase
+(the ``n`` pushes overlap their start-up), the sharded one once per queued
+message, as every algorithm of :mod:`gradcomp.sim.collectives` does. For
+sharded or co-located servers use ``allreduce="sharded_parameter_server"``
+(with the default ``topology="ring"``, whose all-gather is the ring's).
+
 ``alpha`` counts once per collective the compressor issues (a two-round
 compressor pays it twice). One worker exchanges nothing.
 
@@ -50,11 +86,22 @@ clock. Steps are the training program's, counted from 1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 
 import numpy as np
 
+from gradcomp.sim import collectives
+
 TOPOLOGIES = ("ring", "parameter_server")
+#: The all-reduce algorithms a cluster can run: every one of
+#: :data:`gradcomp.sim.collectives.ALGORITHMS`, and ``"best"``.
+ALLREDUCE = (*collectives.ALGORITHMS, "best")
+#: Intra-node link of ``allreduce="hierarchical"`` by default: PCIe 3.0 x16,
+#: about 16 GB/s per direction (the V100 servers of paper 000 §5 have no
+#: stated intra-node link), and a few microseconds per message.
+DEFAULT_INTRA_BANDWIDTH_GBPS = 128.0
+DEFAULT_INTRA_LATENCY_US = 5.0
 #: Training throughput of a speed-1.0 worker, FLOP/s: ``model_workload``'s
 #: ``DEFAULT_TFLOPS`` (about half a V100's 15.7 TFLOP/s fp32 peak, paper 000 §5).
 DEFAULT_FLOPS_PER_SECOND = 8e12
@@ -154,8 +201,9 @@ class Cluster:
     bandwidth_gbps: per-link bandwidth in Gbit/s (paper 000 §5: 20 Gbps
       Ethernet), > 0.
     latency_us: start-up latency of one message (alpha), in microseconds, >= 0.
-    topology: ``"ring"`` (all-reduce and all-gather over a ring, as NCCL and
-      Horovod do) or ``"parameter_server"``.
+    topology: ``"ring"`` (collectives as NCCL and Horovod run them: the
+      all-reduce by ``allreduce``, the other kinds over a ring) or
+      ``"parameter_server"`` (one server; see the module docstring).
     overlap: whether exchanges run beside computation (a separate link) or
       on the compute stream (the same cores copy the bytes).
     speeds: each worker's compute speed relative to the reference device
@@ -165,6 +213,19 @@ class Cluster:
       FLOP/s, finite and > 0 (default :data:`DEFAULT_FLOPS_PER_SECOND`).
     events: :class:`Slowdown` and :class:`Failure` events (a list is stored
       as a tuple), their workers in ``[0, workers)``.
+    allreduce: how an all-reduce moves bytes, one of :data:`ALLREDUCE`
+      (default ``"ring"``); only ``"ring"`` with
+      ``topology="parameter_server"``, which prices its own.
+    servers: ``S`` of ``allreduce="sharded_parameter_server"``, an integer
+      >= 1 (at most ``workers`` when ``colocated``).
+    colocated: whether those servers run on workers (server ``s`` on worker
+      ``s``) or on nodes of their own.
+    workers_per_node: ``g`` of ``allreduce="hierarchical"``, an integer >= 1
+      dividing ``workers``.
+    intra_bandwidth_gbps: the intra-node link of ``"hierarchical"``, Gbit/s,
+      finite and > 0 (default :data:`DEFAULT_INTRA_BANDWIDTH_GBPS`).
+    intra_latency_us: its start-up latency per message, microseconds, finite
+      and >= 0 (default :data:`DEFAULT_INTRA_LATENCY_US`).
   """
 
   workers: int
@@ -175,6 +236,12 @@ class Cluster:
   speeds: tuple[float, ...] | None = None
   flops_per_second: float = DEFAULT_FLOPS_PER_SECOND
   events: tuple[Slowdown | Failure, ...] = ()
+  allreduce: str = "ring"
+  servers: int = 1
+  colocated: bool = False
+  workers_per_node: int = 1
+  intra_bandwidth_gbps: float = DEFAULT_INTRA_BANDWIDTH_GBPS
+  intra_latency_us: float = DEFAULT_INTRA_LATENCY_US
 
   def __post_init__(self):
     if (
@@ -223,6 +290,55 @@ class Cluster:
           f"events[{i}].worker must be in [0, {self.workers}), got {event.worker}"
         )
     object.__setattr__(self, "events", events)
+    self._check_allreduce()
+
+  def _check_allreduce(self) -> None:
+    """Validates ``allreduce`` and the parameters of its algorithms."""
+    if self.allreduce not in ALLREDUCE:
+      raise ValueError(f"allreduce must be one of {ALLREDUCE}, got {self.allreduce!r}")
+    if self.topology == "parameter_server" and self.allreduce != "ring":
+      raise ValueError(
+        "allreduce must be 'ring' (the default) with topology='parameter_server', "
+        f"which prices its own single-server all-reduce; got {self.allreduce!r} "
+        "(for S servers: topology='ring', allreduce='sharded_parameter_server')"
+      )
+    if not _is_int(self.servers) or self.servers < 1:
+      raise ValueError(f"servers must be an integer >= 1, got {self.servers!r}")
+    if not isinstance(self.colocated, bool):
+      raise ValueError(f"colocated must be True or False, got {self.colocated!r}")
+    if (
+      self.allreduce == "sharded_parameter_server"
+      and self.colocated
+      and self.servers > self.workers
+    ):
+      raise ValueError(
+        f"servers must be in [1, workers = {self.workers}] when colocated, "
+        f"got {self.servers!r}"
+      )
+    if not _is_int(self.workers_per_node) or self.workers_per_node < 1:
+      raise ValueError(
+        f"workers_per_node must be an integer >= 1, got {self.workers_per_node!r}"
+      )
+    if self.allreduce == "hierarchical" and self.workers % self.workers_per_node:
+      raise ValueError(
+        f"workers_per_node must divide workers = {self.workers}, "
+        f"got {self.workers_per_node!r}"
+      )
+    for name, lo, strict in (
+      ("intra_bandwidth_gbps", 0, True),
+      ("intra_latency_us", 0, False),
+    ):
+      value = getattr(self, name)
+      if (
+        not _is_real(value)
+        or not np.isfinite(value)
+        or (value <= lo if strict else value < lo)
+      ):
+        bound = "> 0" if strict else ">= 0"
+        raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
+      object.__setattr__(self, name, float(value))
+    object.__setattr__(self, "servers", int(self.servers))
+    object.__setattr__(self, "workers_per_node", int(self.workers_per_node))
 
   def speeds_at(self, step: int) -> np.ndarray:
     """Each worker's speed in training step ``step`` (1-based).
@@ -269,11 +385,88 @@ class Cluster:
     seconds[alive] = float(flops) / (self.flops_per_second * speeds[alive])
     return seconds
 
+  def _allreduce_terms(
+    self, name: str
+  ) -> tuple[tuple[float, float, float, float], ...]:
+    """``((k, v, alpha, per_byte), ...)``: algorithm ``name`` costs
+    ``sum(messages k alpha + v nbytes per_byte)`` (see the module docstring).
+
+    ``k`` (messages in sequence) and ``v`` (bytes per byte reduced) are the
+    collectives function's price at unit latency and no bytes, and at unit
+    per-byte time and one byte; the hierarchical algorithm has a second term
+    for its intra-node link.
+    """
+    n = self.workers
+    link = (self.latency_us * 1e-6, 8.0 / (self.bandwidth_gbps * 1e9))
+    if name == "hierarchical":
+      f = functools.partial(
+        collectives.hierarchical, workers_per_node=self.workers_per_node
+      )
+      intra = (self.intra_latency_us * 1e-6, 8.0 / (self.intra_bandwidth_gbps * 1e9))
+      return (
+        (
+          f(n, 0.0, 1.0, 0.0, intra_alpha=0.0, intra_beta=0.0),
+          f(n, 1.0, 0.0, 1.0, intra_alpha=0.0, intra_beta=0.0),
+          *link,
+        ),
+        (
+          f(n, 0.0, 0.0, 0.0, intra_alpha=1.0, intra_beta=0.0),
+          f(n, 1.0, 0.0, 0.0, intra_alpha=0.0, intra_beta=1.0),
+          *intra,
+        ),
+      )
+    if name == "sharded_parameter_server":
+      f = functools.partial(
+        collectives.sharded_parameter_server,
+        n,
+        self.servers,
+        colocated=self.colocated,
+      )
+    else:
+      f = functools.partial(collectives.ALGORITHMS[name], n)
+    return ((f(0.0, 1.0, 0.0), f(1.0, 0.0, 1.0), *link),)
+
+  def allreduce_seconds(self, nbytes, messages=1, algorithm: str | None = None):
+    """Seconds of ``messages`` all-reduces of ``nbytes`` in all, by ``algorithm``.
+
+    Args:
+      nbytes: bytes one worker reduces, over all the collectives; arrays
+        broadcast.
+      messages: how many all-reduces carry them (each pays its latency).
+      algorithm: one of :data:`ALLREDUCE`, priced on the cluster's links
+        whatever its topology; ``None``: the cluster's own all-reduce (its
+        ``allreduce``, or the single server's with
+        ``topology="parameter_server"``).
+
+    Returns:
+      A float64 array, the broadcast shape of ``nbytes`` and ``messages``.
+    """
+    if algorithm is None and self.topology == "parameter_server":
+      return self.exchange_seconds("all-reduce", nbytes, messages)
+    name = self.allreduce if algorithm is None else algorithm
+    if name not in ALLREDUCE:
+      raise ValueError(f"algorithm must be one of {ALLREDUCE}, got {name!r}")
+    nbytes = np.asarray(nbytes, np.float64)
+    messages = np.asarray(messages, np.float64)
+    if self.workers == 1:
+      return np.zeros(np.broadcast(nbytes, messages).shape)
+    if name == "best":
+      return np.minimum.reduce(
+        [self.allreduce_seconds(nbytes, messages, a) for a in collectives.FLAT]
+      )
+    (k, v, alpha, per_byte), *rest = self._allreduce_terms(name)
+    seconds = messages * k * alpha + v * nbytes * per_byte
+    for k, v, alpha, per_byte in rest:
+      seconds = seconds + (messages * k * alpha + v * nbytes * per_byte)
+    return seconds
+
   def exchange_seconds(self, kind: str, nbytes, messages=1) -> np.ndarray:
     """Seconds to run ``messages`` collectives of ``kind`` sending ``nbytes`` in all.
 
     ``nbytes`` is what one worker contributes (the operand bytes of the
-    collectives, as in ``wire.wire_bytes``); arrays broadcast.
+    collectives, as in ``wire.wire_bytes``); arrays broadcast. An
+    all-reduce is priced by the cluster's ``allreduce``
+    (:meth:`allreduce_seconds`) unless ``topology="parameter_server"``.
     """
     n = self.workers
     nbytes = np.asarray(nbytes, np.float64)
@@ -287,8 +480,9 @@ class Cluster:
       if kind not in volume:
         raise ValueError(f"the parameter-server model has no {kind!r} exchange")
       return messages * 2 * alpha + volume[kind] * nbytes * per_byte
+    if kind == "all-reduce":
+      return self.allreduce_seconds(nbytes, messages)
     steps, volume = {
-      "all-reduce": (2 * (n - 1), 2 * (n - 1) / n),
       "all-gather": (n - 1, n - 1),
       "reduce-scatter": (n - 1, (n - 1) / n),
       "all-to-all": (n - 1, (n - 1) / n),

@@ -57,6 +57,13 @@ Closed forms (``B = nbytes``, ``lg = log2``):
 
 One worker (``n = 1``) exchanges nothing: every price is 0.
 
+A :class:`~gradcomp.sim.cluster.Cluster` prices its all-reduces with the
+algorithm its ``allreduce`` names (or the cheapest, ``"best"``), so the
+LayerFusion planner, the schemes' clocks and the training program's
+simulated clock all see the choice. :func:`allreduce_table` tabulates
+:func:`best_allreduce`'s pick over worker counts and sizes
+(``python -m gradcomp.bench collectives``).
+
 References:
   Survey 004 §2.1, §2.4; P. Patarasuk and X. Yuan, "Bandwidth optimal
   all-reduce algorithms for clusters of workstations", JPDC 69(2), 2009;
@@ -346,9 +353,90 @@ def best_allreduce(
   return FLAT[i], seconds
 
 
+#: Worker counts of :func:`allreduce_table`: the powers of two 2..1024 and some
+#: counts between them (where halving/doubling has to fold).
+TABLE_WORKERS = (
+  2,
+  3,
+  4,
+  6,
+  8,
+  12,
+  16,
+  24,
+  32,
+  48,
+  64,
+  100,
+  128,
+  256,
+  384,
+  512,
+  1000,
+  1024,
+)
+#: Bytes per worker of :func:`allreduce_table`: 1 KB to 1 GB by decades.
+TABLE_BYTES = (1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9)
+
+
+def allreduce_table(
+  alpha: float,
+  beta: float,
+  workers=TABLE_WORKERS,
+  sizes=TABLE_BYTES,
+) -> list[dict]:
+  """Which flat all-reduce :func:`best_allreduce` picks, over workers and sizes.
+
+  Issue 16: "which collective the cost model picks across worker counts
+  2..1024 and message sizes 1 KB..1 GB on 10 Gbps". One row per
+  ``(n, nbytes)``, workers outermost.
+
+  Args:
+    alpha: seconds of start-up per message, >= 0.
+    beta: seconds per byte on one link, >= 0 (10 Gbit/s: ``8e-10``).
+    workers: worker counts, integers >= 1 (default :data:`TABLE_WORKERS`).
+    sizes: bytes each worker reduces, >= 0 (default :data:`TABLE_BYTES`).
+
+  Returns:
+    A list of ``{"workers": n, "nbytes": nbytes, "best": name, "seconds":
+    seconds, "prices": {name: seconds}}``: the winner, its price and the
+    price of every algorithm of :data:`FLAT` (the ring's among them).
+
+  Examples:
+    >>> [r["best"] for r in allreduce_table(25e-6, 8e-10, (12,), (1e3, 1e9))]
+    ['recursive_halving_doubling', 'ring']
+  """
+  alpha, beta = _check_nonneg("alpha", alpha), _check_nonneg("beta", beta)
+  workers, sizes = tuple(workers), tuple(sizes)
+  if not workers or not sizes:
+    raise ValueError(
+      f"workers and sizes must be non-empty, got {workers!r} and {sizes!r}"
+    )
+  workers = tuple(_check_int(f"workers[{i}]", n, 1) for i, n in enumerate(workers))
+  sizes = tuple(_check_nonneg(f"sizes[{i}]", b) for i, b in enumerate(sizes))
+  rows = []
+  for n in workers:
+    for nbytes in sizes:
+      name, seconds = best_allreduce(n, nbytes, alpha, beta)
+      prices = {k: ALGORITHMS[k](n, nbytes, alpha, beta) for k in FLAT}
+      rows.append(
+        {
+          "workers": n,
+          "nbytes": nbytes,
+          "best": name,
+          "seconds": seconds,
+          "prices": prices,
+        }
+      )
+  return rows
+
+
 __all__ = [
   "ALGORITHMS",
   "FLAT",
+  "TABLE_BYTES",
+  "TABLE_WORKERS",
+  "allreduce_table",
   "best_allreduce",
   "binary_tree",
   "hierarchical",
