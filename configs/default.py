@@ -90,7 +90,9 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   §2.3) takes ``staleness_bound``, ``delay_compensation`` (DC-ASGD's
   lambda) and ``jitter``, with ``config.compressor`` on its pushes;
   ``backup_workers`` (§2.2) takes ``backups`` and ``jitter``. Both read the
-  workers' speeds from ``config.cluster.speeds``.
+  workers' speeds from ``config.cluster.speeds``. ``stale_sgd`` takes
+  ``staleness``: synchronous SGD whose every gradient is that many steps late
+  (survey Fig. 2).
   """
   c = ml_collections.ConfigDict()
   c.name = name
@@ -112,6 +114,7 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("delay_compensation", float),
     ("jitter", float),
     ("backups", int),
+    ("staleness", int),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)
@@ -165,7 +168,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.fusion.plan = "auto"  # layerwise | single | auto | none
   config.fusion.search = "heuristic"  # for "auto": heuristic | optimal
 
-  # none|local_sgd|easgd|cdsgd|gossip|gosgd|async_ps|backup_workers
+  # none|local_sgd|easgd|cdsgd|gossip|gosgd|async_ps|backup_workers|stale_sgd
   config.scheme = scheme("none")
   # Sufficient-factor broadcasting (train/factors.py; synchronous only): each
   # nn.Dense layer for which Poseidon's rule finds its factors cheaper on the

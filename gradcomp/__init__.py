@@ -66,6 +66,8 @@ from gradcomp.schemes.gossip import GossipState as GossipState
 from gradcomp.schemes.gossip import gossip as gossip
 from gradcomp.schemes.local_sgd import LocalSGDState as LocalSGDState
 from gradcomp.schemes.local_sgd import local_sgd as local_sgd
+from gradcomp.schemes.stale import StaleState as StaleState
+from gradcomp.schemes.stale import stale_sgd as stale_sgd
 from gradcomp.sim.clock import SimClock as SimClock
 from gradcomp.sim.clock import forward_flops_per_sample as forward_flops_per_sample
 from gradcomp.sim.clock import local_sgd_round_seconds as local_sgd_round_seconds

@@ -311,3 +311,32 @@ def test_global_codecs_are_refused_for_pushes():
   x0, targets, noise = _problem(2)
   with pytest.raises(ValueError, match="a parameter server's pushes cannot provide"):
     _run(tx, x0, targets, noise)
+
+
+@pytest.mark.parametrize("staleness", [0, 3])
+def test_stale_sgd_takes_every_gradient_s_steps_late(staleness):
+  """Survey Fig. 2's setting against NumPy: W_{t+1} = W_t - lr v(mean g(W_{t-s}))."""
+  x0, targets, noise = _problem(T)
+  tx = gradcomp.stale_sgd(
+    optax.sgd(LR, momentum=MOMENTUM), staleness, axis_name=harness.AXIS
+  )
+  got, state = _run(tx, x0, targets, noise)
+  versions = [np.float64(x0)]
+  velocity = np.zeros(D)
+  for t in range(T):
+    at = versions[max(t - staleness, 0)]
+    g = np.mean(at - np.float64(targets) + np.float64(noise[t]), axis=0)
+    velocity = MOMENTUM * velocity + g
+    versions.append(versions[-1] - LR * velocity)
+  want = versions[max(T - staleness, 0)]
+  bound = 16 * EPS32 * T * max(1.0, np.abs(versions).max() + np.abs(targets).max())
+  for w in range(N):
+    np.testing.assert_allclose(got[w], want, rtol=0, atol=bound)
+  np.testing.assert_allclose(state.server["x"][0], versions[-1], rtol=0, atol=bound)
+
+
+def test_stale_sgd_rejects_a_negative_staleness():
+  with pytest.raises(
+    ValueError, match=r"staleness must be an integer in \[0, inf\), got -1"
+  ):
+    gradcomp.stale_sgd(optax.sgd(LR), -1)

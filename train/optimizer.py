@@ -173,6 +173,7 @@ SCHEMES = {
   "gosgd": gradcomp.gosgd,
   "async_ps": gradcomp.async_ps,
   "backup_workers": gradcomp.backup_workers,
+  "stale_sgd": gradcomp.stale_sgd,
 }
 #: Schemes whose factory takes the workers' ``speeds`` (from ``config.cluster``).
 TIMED_SCHEMES = ("async_ps", "backup_workers")

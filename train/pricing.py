@@ -6,8 +6,8 @@ described cluster). The step's HLO holds every branch a scheme may take
 bytes a step actually sends are rebuilt from the branches and the scheme's
 schedule, and each scheme's clock is the one its waiting pattern needs:
 
-* synchronous SGD, local SGD, EASGD: a barrier at each exchange round
-  (``gradcomp.simulate_rounds``);
+* synchronous SGD (and ``stale_sgd``, its gradients late), local SGD,
+  EASGD: a barrier at each exchange round (``gradcomp.simulate_rounds``);
 * CD-SGD: the exchange of step t under step t+1's compute
   (``gradcomp.simulate_delayed``, paper 001 eqs. 6-7);
 * gossip and GoSGD: each worker waits for its in-neighbours only
@@ -239,7 +239,7 @@ def price(config, plan, mesh, params, step_wire, num_steps, flops) -> Priced:
     per_step = sum(step_wire.values())
     return Priced(per_step, {k: b for k, b in step_wire.items() if b}, seconds, {})
   is_round = optimizer_lib.round_steps(config)
-  if name == "none":  # Every step is an exchange round.
+  if name in ("none", "stale_sgd"):  # Every step is an exchange round.
     round_wire_, per_step = step_wire, sum(step_wire.values())
   else:
     round_wire_ = round_wire(

@@ -44,8 +44,11 @@ def copy_params(params):
 
   ``init`` on abstract params (``jax.ShapeDtypeStruct``, for sharding
   decisions before any array exists) returns abstract entries of the same
-  shapes and dtypes, as the compressors' ``jnp.zeros`` states do.
+  shapes and dtypes, as the compressors' ``jnp.zeros`` states do. Arrays are
+  copied: a state entry sharing the params' buffer would be donated twice by
+  a training step that donates both.
   """
   return jax.tree.map(
-    lambda p: p if isinstance(p, jax.ShapeDtypeStruct) else jnp.asarray(p), params
+    lambda p: p if isinstance(p, jax.ShapeDtypeStruct) else jnp.array(p, copy=True),
+    params,
   )
