@@ -13,10 +13,10 @@ schedule, and each scheme's clock is the one its waiting pattern needs:
 * gossip and GoSGD: each worker waits for its in-neighbours only
   (``gradcomp.simulate_gossip``);
 * the asynchronous server (``async_ps``): never waits; its step is the
-  fastest worker's gradient (the scheme's own time unit), pushes and pulls
-  assumed hidden (the server and its links not a bottleneck);
-* backup workers: each round waits for the ``n - b``-th arrival (the
-  scheme's own draws, replayed here), then one all-reduce.
+  fastest worker's cycle (compute, push, pull: :func:`speed_table`), the
+  scheme's own time unit;
+* backup workers: each round waits for the ``n - b``-th cycle to end (the
+  scheme's own draws, replayed here).
 """
 
 from __future__ import annotations
@@ -122,40 +122,56 @@ def _cdsgd_wire(config, plan, mesh, params, step_wire, num_steps):
 cluster_of = optimizer_lib.cluster_of
 
 
-def speed_table(config, num_workers: int, num_steps: int) -> np.ndarray:
-  """The described cluster's speeds as ``async_ps``'s ``(steps, workers)`` table.
+def speed_table(
+  config, num_workers: int, num_steps: int, flops: float, param_bytes: float
+) -> np.ndarray:
+  """The described cluster as a ``(steps, workers)`` table of gradient rates.
 
-  Row ``r`` holds ``Cluster.speeds_at(r + 1)`` (the gradients started in
-  step ``r`` run from step ``r + 1``), up to the last step an event changes.
+  For ``async_ps`` and ``backup_workers``: entry ``[r, w]`` is ``1 / cycle``,
+  the cycle of a gradient worker ``w`` starts in step ``r`` (at
+  ``Cluster.speeds_at(r + 1)``, rows up to the last step an event changes):
+  its compute, then a push and a pull of the dense params over its link,
+  ``alpha + bytes / bandwidth`` each (survey 004 §2.1; the servers sharded
+  enough not to queue). 0 for a failed worker. Compressed pushes are priced
+  dense too (a known gap: their payload is known only once compiled).
   """
   cluster = cluster_of(config, num_workers)
   last = 1
   for event in cluster.events:
     last = max(last, event.start if hasattr(event, "start") else event.step)
     last = max(last, getattr(event, "stop", None) or 0)
-  rows = min(last, num_steps + 1)
-  return np.stack([cluster.speeds_at(r + 1) for r in range(rows)])
+  transfer = 2 * (
+    cluster.latency_us * 1e-6 + 8 * param_bytes / (cluster.bandwidth_gbps * 1e9)
+  )
+  rows = []
+  for r in range(min(last, num_steps + 1)):
+    compute = cluster.compute_seconds(flops, r + 1)
+    rows.append(np.where(np.isfinite(compute), 1.0 / (compute + transfer), 0.0))
+  return np.stack(rows)
 
 
-def _timed_clock(config, cluster, flops, step_wire, num_steps, workers_):
-  """``async_ps`` and ``backup_workers``: simulated seconds after each step."""
-  table = async_ps_lib.speed_table(speed_table(config, workers_, num_steps))
-  unit = float(flops) / (cluster.flops_per_second * float(table.max()))
+def _timed_clock(config, num_steps: int, table: np.ndarray) -> np.ndarray:
+  """``async_ps`` and ``backup_workers``: simulated seconds after each step.
+
+  ``table`` is :func:`speed_table`'s (gradients per second). A step of
+  ``async_ps`` is the fastest cycle (the scheme's time unit); a round of
+  ``backup_workers`` the ``n - b``-th cycle to end, replayed from the
+  scheme's own draws.
+  """
+  unit = 1.0 / float(table.max())
   if optimizer_lib.scheme_name(config) == "async_ps":
     return unit * np.arange(num_steps + 1, dtype=np.float64)
   cfg = config.scheme
   jitter = float(cfg.get("jitter") or 0.0)
-  keep = workers_ - cfg.backups
+  keep = table.shape[1] - cfg.backups
   key = jax.random.PRNGKey(0)  # the factory's default seed
+  speeds = async_ps_lib.speed_table(table)
   rounds = jax.vmap(
     lambda r: backup_lib.accepted_workers(
-      async_ps_lib.task_durations(key, r, table, jitter), keep
+      async_ps_lib.task_durations(key, r, speeds, jitter), keep
     )[1]
   )(np.arange(num_steps, dtype=np.int32))
-  allreduce = float(
-    cluster.exchange_seconds("all-reduce", step_wire.get("all-reduce", 0))
-  )
-  per_round = unit * np.asarray(rounds, np.float64) + allreduce
+  per_round = unit * np.asarray(rounds, np.float64)
   return np.concatenate([[0.0], np.cumsum(per_round)])
 
 
@@ -189,7 +205,9 @@ def _gossip_wire(config, step_wire, workers_: int):
   return other + permuted / branches, per_message, topology
 
 
-def price(config, plan, mesh, params, step_wire, num_steps, flops) -> Priced:
+def price(
+  config, plan, mesh, params, step_wire, num_steps, flops, speeds=None
+) -> Priced:
   """The run's bytes per step and simulated clock (see the module docstring).
 
   Args:
@@ -201,6 +219,7 @@ def price(config, plan, mesh, params, step_wire, num_steps, flops) -> Priced:
     step_wire: ``{kind: bytes}`` of the compiled training step.
     num_steps: the run's steps.
     flops: one worker's training FLOPs per step.
+    speeds: :func:`speed_table`, for ``async_ps`` and ``backup_workers``.
   """
   name = optimizer_lib.scheme_name(config)
   cluster = cluster_of(config, mesh.size)
@@ -235,7 +254,7 @@ def price(config, plan, mesh, params, step_wire, num_steps, flops) -> Priced:
     }
     return Priced(per_step, {"collective-permute": int(message)}, seconds, fields)
   if name in optimizer_lib.TIMED_SCHEMES:
-    seconds = _timed_clock(config, cluster, flops, step_wire, num_steps, mesh.size)
+    seconds = _timed_clock(config, num_steps, speeds)
     per_step = sum(step_wire.values())
     return Priced(per_step, {k: b for k, b in step_wire.items() if b}, seconds, {})
   is_round = optimizer_lib.round_steps(config)

@@ -231,9 +231,11 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     if factored.active:
       order, sizes = factored.restrict(params, order, sizes)
       step_factors, mask = factored, factored.mask
+  flops = pricing.flops_per_step(model, ds, batch_size // mesh.size)
   speeds = None
   if optimizer_lib.scheme_name(config) in optimizer_lib.TIMED_SCHEMES:
-    speeds = pricing.speed_table(config, mesh.size, num_steps)
+    param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    speeds = pricing.speed_table(config, mesh.size, num_steps, flops, param_bytes)
   tx, plan = optimizer_lib.create(
     config, order, num_steps, step_lib.AXIS, sizes, _saved_plan(workdir), mask, speeds
   )
@@ -290,9 +292,8 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     train_step.lower(params, model_state, opt_state, example).compile().as_text()
   )
   scheme = optimizer_lib.scheme_name(config)
-  flops = pricing.flops_per_step(model, ds, batch_size // mesh.size)
   priced = pricing.price(
-    config, plan, mesh, state["params"], step_wire, num_steps, flops
+    config, plan, mesh, state["params"], step_wire, num_steps, flops, speeds
   )
   wire_bytes, round_wire, sim_seconds = (
     priced.wire_bytes_per_step,

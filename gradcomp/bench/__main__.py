@@ -14,6 +14,7 @@ Example::
   python -m gradcomp.bench schemes --seeds 3
   python -m gradcomp.bench cdsgd --seeds 3
   python -m gradcomp.bench gossip --seeds 3
+  python -m gradcomp.bench async --seeds 3
   python -m gradcomp.bench factors
   python -m gradcomp.bench collectives --bandwidth-gbps 10 --latency-us 25
 """
@@ -24,7 +25,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradcomp.bench import cdsgd, compress, gossip, schemes, sketch
+from gradcomp.bench import async_ps, cdsgd, compress, gossip, schemes, sketch
 from gradcomp.models import shapes
 
 
@@ -176,6 +177,10 @@ def _seeded_suite(suite: str, module, args: argparse.Namespace, docs: bool) -> N
 
 def _schemes(args: argparse.Namespace) -> None:
   _seeded_suite("schemes", schemes, args, args.docs)
+
+
+def _async(args: argparse.Namespace) -> None:
+  _seeded_suite("async", async_ps, args, docs=False)
 
 
 def _cdsgd(args: argparse.Namespace) -> None:
@@ -437,6 +442,14 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   _seeded_arguments(cd, cdsgd, "cdsgd", "comma-separated labels")
   cd.set_defaults(func=_cdsgd)
+  asy = suites.add_parser(
+    "async",
+    help="survey 004 §2: BSP, ASP, SSP, DC-ASGD, backup workers on digits on "
+    "heterogeneous and equal speeds (accuracy, simulated time, staleness), "
+    "injected staleness (Fig. 2), and which all-reduce the cost model picks",
+  )
+  _seeded_arguments(asy, async_ps, "async", "comma-separated labels")
+  asy.set_defaults(func=_async)
   gs = suites.add_parser(
     "gossip",
     help="all-reduce, D-PSGD on four graphs, CHOCO (top-k 1 %%, sign), Q2, GoSGD "

@@ -118,6 +118,27 @@ def render(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def tabulate(
+  bandwidth_gbps: float = 10.0,
+  latency_us: float = 25.0,
+  workers: Sequence[int] = collectives.TABLE_WORKERS,
+  sizes: Sequence[float] = collectives.TABLE_BYTES,
+) -> dict[str, Any]:
+  """:func:`run`'s result without its wall time: the table as plain data."""
+  alpha, beta = link(bandwidth_gbps, latency_us)
+  rows = collectives.allreduce_table(alpha, beta, workers, sizes)
+  return {
+    "bandwidth_gbps": bandwidth_gbps,
+    "latency_us": latency_us,
+    "alpha": alpha,
+    "beta": beta,
+    "workers": [int(n) for n in workers],
+    "sizes": [float(b) for b in sizes],
+    "rows": rows,
+    "ring_from": {str(n): ring_crossover(int(n), alpha, beta) for n in workers},
+  }
+
+
 def run(
   bandwidth_gbps: float = 10.0,
   latency_us: float = 25.0,
@@ -141,18 +162,7 @@ def run(
     are strings, as in the JSON).
   """
   start = time.perf_counter()
-  alpha, beta = link(bandwidth_gbps, latency_us)
-  rows = collectives.allreduce_table(alpha, beta, workers, sizes)
-  result: dict[str, Any] = {
-    "bandwidth_gbps": bandwidth_gbps,
-    "latency_us": latency_us,
-    "alpha": alpha,
-    "beta": beta,
-    "workers": [int(n) for n in workers],
-    "sizes": [float(b) for b in sizes],
-    "rows": rows,
-    "ring_from": {str(n): ring_crossover(int(n), alpha, beta) for n in workers},
-  }
+  result = tabulate(bandwidth_gbps, latency_us, workers, sizes)
   result["wall_s"] = time.perf_counter() - start
   table = render(result)
   print(table)

@@ -44,6 +44,10 @@ compressors) took 16 min there (9 min of CPU) and would sit near 10 minutes on
 a quiet machine, so it is opt-in. Issue 5's throughput table, ``--compressors
 none,topk,sketch_topk --plans layerwise,single,auto``, took 4.5 min.
 
+``depth`` (default 20) picks a shallower ResNet of the same family, 6n + 2
+layers with n basic blocks per stage (``ResNet20.blocks_per_stage``): the
+tests time ResNet-8, whose step compiles in a fraction of ResNet-20's time.
+
 Writes ``step.json``, ``step.md`` (the table, then samples/s per compressor
 and plan) and ``step.png`` (measured vs predicted bars) to ``--out``. The
 calibration step is timed again at the end: a large change means the machine
@@ -110,14 +114,31 @@ def leaf_flops(model, input_shape: Sequence[int]) -> list[float]:
   return [t.flops for t in sorted(tensors, key=lambda t: t.name.split("/"))]
 
 
+def _blocks_per_stage(depth: int) -> int:
+  """Basic blocks per stage of the CIFAR ResNet of ``depth`` = 6n + 2 layers: n.
+
+  Raises:
+    ValueError: unless ``depth`` is 6n + 2 for some n >= 1 (8, 14, 20, ...).
+  """
+  if (
+    isinstance(depth, bool) or not isinstance(depth, int) or depth < 8 or depth % 6 != 2
+  ):
+    raise ValueError(
+      f"depth must be 6n + 2 for an integer n >= 1 (8, 14, 20, ...), got {depth!r}"
+    )
+  return (depth - 2) // 6
+
+
 @functools.lru_cache(maxsize=2)
-def build(batch: int, seed: int = 0) -> Setup:
-  """ResNet-20 and one synthetic CIFAR-10 batch, initialised as ``train.py`` does.
+def build(batch: int, seed: int = 0, depth: int = 20) -> Setup:
+  """ResNet-``depth`` and one synthetic CIFAR-10 batch, initialised as ``train.py`` does.
 
   Cached: initialising compiles the model's init (seconds on a CPU).
   """
   ds = data_lib.synthetic_like("cifar10", seed=seed, num_train=batch, num_test=8)
-  model = models.create("resnet20", ds.num_classes)
+  model = models.create(
+    "resnet20", ds.num_classes, blocks_per_stage=_blocks_per_stage(depth)
+  )
   init_rng, _ = jax.random.split(jax.random.PRNGKey(seed))
   params, model_state = step_lib.init_model(
     model, init_rng, ds.input_shape, ds.x_train.dtype
@@ -224,9 +245,14 @@ def workload(setup: Setup, launch: float, backward: float) -> gradcomp.Workload:
 
 
 def validate(
-  compressors: Sequence[str], plans: Sequence[str], batch: int, devices: int
+  compressors: Sequence[str],
+  plans: Sequence[str],
+  batch: int,
+  devices: int,
+  depth: int = 20,
 ) -> None:
   """Raises ``ValueError`` naming what is wrong with a run's arguments."""
+  _blocks_per_stage(depth)
   unknown = [c for c in compressors if c not in fusion.SEARCH_COMPRESSORS]
   if unknown or not compressors:
     raise ValueError(
@@ -253,6 +279,7 @@ def run(
   out_dir: str = "bench_out/",
   profile_sizes: Sequence[int] = PROFILE_SIZES,
   cluster: gradcomp.Cluster | None = None,
+  depth: int = 20,
 ) -> dict:
   """Measured and predicted step time of every compressor x plan; returns results.
 
@@ -266,11 +293,13 @@ def run(
     profile_sizes: buffer sizes at which ``Comp`` is profiled.
     cluster: the cluster the prediction assumes; by default one calibrated on
       these devices (``fusion.calibrate_cluster``).
+    depth: layers of the ResNet, 6n + 2 (20: ResNet-20, the paper's).
 
   Raises:
-    ValueError: for an unknown compressor or plan, or an indivisible batch.
+    ValueError: for an unknown compressor or plan, an indivisible batch or a
+      depth not of the form 6n + 2.
   """
-  validate(compressors, plans, batch, len(jax.devices()))
+  validate(compressors, plans, batch, len(jax.devices()), depth)
   mesh = jax.make_mesh((len(jax.devices()),), (AXIS,))
   t_start, cpu_start = time.perf_counter(), time.process_time()
 
@@ -280,7 +309,7 @@ def run(
       f"cpu {time.process_time() - cpu_start:.0f} s"
     )
 
-  setup = build(batch)
+  setup = build(batch, depth=depth)
   launch = fusion.launch_seconds(mesh)
   samples = []
   if cluster is None:
@@ -379,7 +408,7 @@ def run(
   log(f"dense step again: {again * 1e3:.1f} ms ({elapsed()})")
   result = {
     "backend": backend_name(mesh.size),
-    "model": "resnet20",
+    "model": f"resnet{depth}",
     "data": "synthetic cifar10",
     "global_batch": batch,
     "devices": mesh.size,
@@ -415,10 +444,15 @@ def run(
   return result
 
 
+def _title(result: dict) -> str:
+  """``"ResNet-20"`` for ``result["model"] == "resnet20"``."""
+  return "ResNet-" + result["model"].removeprefix("resnet")
+
+
 def format_table(result: dict) -> str:
   c, cal = result["cluster"], result["calibration"]
   lines = [
-    f"ResNet-20, synthetic CIFAR-10, global batch {result['global_batch']} on "
+    f"{_title(result)}, synthetic CIFAR-10, global batch {result['global_batch']} on "
     f"{result['backend']}; median of {result['repeats']} steps. Model: launch "
     f"{result['launch_ms']:.2f} ms, ring {c['latency_us']:.1f} us / "
     f"{c['bandwidth_gbps']:.1f} Gbps, compute {cal['compute_ms']:.1f} ms from "
@@ -495,7 +529,7 @@ def plot(result: dict, path: str) -> None:
   ax.set_xticks(np.arange(len(names)), names, rotation=30, ha="right")
   ax.set_ylabel("step time, ms")
   ax.set_title(
-    f"ResNet-20 train step, global batch {result['global_batch']}, "
+    f"{_title(result)} train step, global batch {result['global_batch']}, "
     f"{result['backend']}\nmeasured (solid) vs predicted (hatched)",
     fontsize=10,
   )
