@@ -19,10 +19,11 @@ diverge in a first try, see BUILD_NOTES):
 * ``asp``: no bound; ``ssp_1``, ``ssp_4``: bounded delay 1 and 4;
 * ``dc_0.04``, ``dc_0.5``: DC-ASGD (Zheng et al. 2017), no bound, lambda 0.04
   and 0.5 (their range; the survey gives no reference);
-* ``backup_1``, ``backup_2``: ``gradcomp.backup_workers`` with b = 1, 2
-  (Chen et al. 2017), SGD at :data:`MEAN_LR` = ``8 x PUSH_LR`` on the mean
-  (BSP's step), and an Exp(1) jitter of :data:`JITTER` on every gradient's
-  time so that who straggles changes between rounds;
+* ``backup_0``, ``backup_1``, ``backup_2``: ``gradcomp.backup_workers`` with
+  b = 0, 1, 2 (Chen et al. 2017), SGD at :data:`MEAN_LR` = ``8 x PUSH_LR``
+  on the mean (BSP's step), and an Exp(1) jitter of :data:`JITTER` on every
+  gradient's time so that who straggles changes between rounds; ``backup_0``
+  is synchronous SGD under the same jitter, their baseline;
 * ``stale_{0,2,4,8,16}`` (homogeneous only, it has no speeds):
   ``gradcomp.stale_sgd``, every gradient exactly ``s`` steps late, SGD at
   ``MEAN_LR`` (survey Fig. 2's setting).
@@ -92,7 +93,7 @@ def _methods() -> dict[str, Method]:
     Method("dc_0.04", {"name": a, "delay_compensation": 0.04}, PUSH_LR),
     Method("dc_0.5", {"name": a, "delay_compensation": 0.5}, PUSH_LR),
   ]
-  for b in (1, 2):
+  for b in (0, 1, 2):
     scheme = {"name": "backup_workers", "backups": b, "jitter": JITTER}
     out.append(Method(f"backup_{b}", scheme, MEAN_LR))
   for s in STALENESS:
