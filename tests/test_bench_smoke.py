@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from gradcomp.bench import compress, sketch
 
 
@@ -36,7 +38,17 @@ def test_fusion_check_predicts_and_measures_three_plans(tmp_path, capsys):
     repeats=1,
     out_dir=str(tmp_path),
     sizes=(16, 4096),
+    # The default's smallest size and a middle one: the chains of 16
+    # collectives at 2^20 and 2^22 values per device (up to 128 MiB gathered
+    # per device) took most of this test's time.
+    calibration_sizes=(2**8, 2**16),
   )
+  assert [(c["kind"], c["values"]) for c in result["collectives"]] == [
+    ("all-reduce", 2**8),
+    ("all-reduce", 2**16),
+    ("all-gather", 2**8),
+    ("all-gather", 2**16),
+  ]
   plans = result["models"]["resnet20"]["plans"]
   assert set(plans) == {"layerwise", "single", "heuristic"}
   assert plans["layerwise"]["groups"] == 59 and plans["single"]["groups"] == 1
@@ -44,6 +56,17 @@ def test_fusion_check_predicts_and_measures_three_plans(tmp_path, capsys):
     assert row["predicted_ms"] > 0 and row["measured_ms"] > 0
   assert (tmp_path / "fusion_check.json").exists()
   assert "| resnet20 | order |" in capsys.readouterr().out
+
+
+def test_ring_calibration_needs_two_sizes():
+  import jax
+
+  from gradcomp.bench import fusion
+
+  mesh = jax.make_mesh((8,), (fusion.AXIS,))
+  for sizes in ((2**8,), (2**8, 2**8), (0, 2**8)):
+    with pytest.raises(ValueError, match="at least two distinct positive sizes"):
+      fusion.calibrate_cluster(mesh, 0.0, 1, sizes)
 
 
 def test_ring_fit_recovers_latency_and_bandwidth():

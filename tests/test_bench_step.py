@@ -4,6 +4,10 @@ Not a test of speed: the suite runs end to end and writes its outputs, its
 arithmetic holds (samples/s = batch / step time; the calibration step is
 predicted exactly), and the step it times is the data-parallel SGD step,
 checked against a reference written here without ``train.step``.
+
+The suite runs on ResNet-8 (``depth=8``: ResNet-20's blocks, one per stage
+instead of three), whose step programs compile in a fraction of ResNet-20's
+time; the default model, ResNet-20, is checked against the shape tables.
 """
 
 import json
@@ -21,39 +25,71 @@ pytestmark = pytest.mark.xdist_group("bench_step")
 
 
 BATCH = 16
+DEPTH = 8
+#: ResNet-8's param leaves: conv1, bn1 (scale, bias), three basic blocks of
+#: two convs and two batch norms each, fc (kernel, bias).
+DEPTH_LEAVES = 1 + 2 + 3 * (2 + 2 * 2) + 2
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+  """The suite's result, and every step program it compiled, in compile order.
+
+  ``step.compile_step`` is wrapped to keep each compiled step with its
+  arguments: the initial carry (to the host, before the timed calls donate
+  it) and the sharded batch, so the program the suite timed is checked
+  against the reference below instead of a second, separately compiled one.
+  """
   out = tmp_path_factory.mktemp("step")
-  result = step.run(
-    compressors=("none", "topk"),
-    plans=("single",),
-    batch=BATCH,
-    repeats=1,
-    out_dir=str(out),
-    profile_sizes=(16, 4096),
-    cluster=gradcomp.Cluster(8, bandwidth_gbps=10.0, latency_us=10.0),
-  )
-  return out, result
+  compiled_steps = []
+  compile_step = step.compile_step
+
+  def kept(train_step, carry, batch):
+    compiled, info = compile_step(train_step, carry, batch)
+    compiled_steps.append(
+      {
+        "compiled": compiled,
+        "info": info,
+        "carry": jax.device_get(carry),
+        "shardings": jax.tree.map(lambda a: a.sharding, carry),
+        "batch": batch,
+      }
+    )
+    return compiled, info
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(step, "compile_step", kept)
+    result = step.run(
+      compressors=("none", "topk"),
+      plans=("single",),
+      batch=BATCH,
+      repeats=1,
+      out_dir=str(out),
+      profile_sizes=(16, 4096),
+      cluster=gradcomp.Cluster(8, bandwidth_gbps=10.0, latency_us=10.0),
+      depth=DEPTH,
+    )
+  return out, result, compiled_steps
 
 
 def test_suite_writes_json_table_and_chart(tiny):
-  out, result = tiny
+  out, result, _ = tiny
   saved = json.loads((out / "step.json").read_text())
   assert saved == json.loads(json.dumps(result))
   assert [(r["compressor"], r["plan"]) for r in saved["rows"]] == [
     ("none", "single"),
     ("topk", "single"),
   ]
-  assert saved["num_leaves"] == 59 and saved["devices"] == 8
+  assert saved["model"] == "resnet8" and saved["num_leaves"] == DEPTH_LEAVES
+  assert saved["devices"] == 8
   table = (out / "step.md").read_text()
+  assert table.startswith("ResNet-8, synthetic CIFAR-10, global batch 16 ")
   assert "| topk | single | 1 |" in table and "| samples/s | single |" in table
   assert (out / "step.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_times_and_throughput(tiny):
-  _, result = tiny
+  _, result, _ = tiny
   for r in result["rows"]:
     assert r["groups"] == 1
     assert r["compile_s"] > 0 and r["measured_ms"] > 0 and r["predicted_ms"] > 0
@@ -78,21 +114,37 @@ def test_leaf_flops_match_the_shape_tables():
   assert list(setup.flops) == [flops for _, flops in named]  # tree = sorted names
 
 
-def test_timed_step_is_data_parallel_sgd():
+def test_depth_is_validated():
+  for depth in (7, 9, 2, 20.0):
+    with pytest.raises(ValueError, match="depth must be 6n \\+ 2"):
+      step.validate(("none",), ("single",), BATCH, 8, depth)
+
+
+def test_timed_step_is_data_parallel_sgd(tiny):
   """The timed step of ``none``: per-worker gradients averaged, SGD momentum."""
-  mesh = jax.make_mesh((8,), ("data",))
-  setup = step.build(BATCH)
+  _, result, compiled_steps = tiny
+  # The suite compiled one program per row (none, then topk; none / single,
+  # the calibration, first): these are the programs whose times it reports.
+  assert len(compiled_steps) == len(result["rows"]) == 2
+  for kept, row in zip(compiled_steps, result["rows"], strict=True):
+    assert kept["info"]["compile_s"] == row["compile_s"] > 0
+    assert kept["info"]["wire_bytes"] == row["wire_bytes"]
+  kept = compiled_steps[0]
+  compiled, batch = kept["compiled"], kept["batch"]
+  initial = lambda: jax.device_put(kept["carry"], kept["shardings"])
+  setup = step.build(BATCH, depth=DEPTH)  # cached: the suite's own setup
+  # The kept carry is the suite's initial state: the reference starts there.
+  start_params, start_stats, _ = kept["carry"]
+  jax.tree.map(np.testing.assert_array_equal, start_params, setup.params)
+  jax.tree.map(np.testing.assert_array_equal, start_stats, setup.model_state)
   config = step.config_for("none", {}, "single", BATCH)
-  train_step, carry, batch = step.make_step(setup, mesh, config)
-  compiled, info = step.compile_step(train_step, carry, batch)
-  assert info["compile_s"] > 0
   calls = []
 
   def counted(*args):
     calls.append(1)
     return compiled(*args)
 
-  seconds, _, metrics = step.step_seconds(counted, carry, batch, repeats=1)
+  seconds, _, metrics = step.step_seconds(counted, initial(), batch, repeats=1)
   assert seconds > 0 and len(calls) >= 2 and not metrics["skipped"]
 
   # One step from the initial state (the timed carry was donated), against a
@@ -102,9 +154,9 @@ def test_timed_step_is_data_parallel_sgd():
   # initialised ResNet with batch norm over 2 examples per worker amplifies
   # float32 rounding step after step (3 steps: up to 2 % of the move on an
   # AVX-512 machine and on an AVX2 one), while a single step is well
-  # conditioned (measured 5e-6 of the move).
-  _, carry, batch = step.make_step(setup, mesh, config)
-  got_params, got_stats, got_opt, _ = compiled(*carry, batch)
+  # conditioned (measured 5e-6 of the move). Those measurements were of
+  # ResNet-20; ResNet-8 is the same network with fewer blocks per stage.
+  got_params, got_stats, got_opt, _ = compiled(*initial(), batch)
   model, (x, y) = setup.model, setup.batch
   lr, momentum = config.optimizer.learning_rate, config.optimizer.momentum
   tx = optax.sgd(lr, momentum=momentum)

@@ -95,14 +95,29 @@ def _varying_axes(x):
   return getattr(jax.typeof(x).manual_axis_type, "varying", ())
 
 
+#: Values per device of the calibration collectives: latency-bound (2^8) to
+#: bandwidth-bound (2^22 float32, 16 MiB per device).
+CALIBRATION_SIZES = (2**8, 2**12, 2**16, 2**20, 2**22)
+
+
 def calibrate_cluster(
-  mesh, launch: float, repeats: int = 5
+  mesh, launch: float, repeats: int = 5, sizes=CALIBRATION_SIZES
 ) -> tuple[gradcomp.Cluster, list[dict]]:
-  """The ring model's latency and bandwidth that best fit this mesh's collectives."""
+  """The ring model's latency and bandwidth that best fit this mesh's collectives.
+
+  Chains of all-reduces and of all-gathers of ``sizes`` float32 values per
+  device are timed (median of ``repeats``); at least two sizes, so that the
+  fit can tell the latency from the per-byte time.
+  """
+  sizes = tuple(sizes)
+  if len(sizes) < 2 or len(set(sizes)) < len(sizes) or min(sizes) < 1:
+    raise ValueError(
+      f"sizes must be at least two distinct positive sizes, got {sizes!r}"
+    )
   n = mesh.devices.size
   rows, targets, samples = [], [], []
   for kind in ("all-reduce", "all-gather"):
-    for size in (2**8, 2**12, 2**16, 2**20, 2**22):
+    for size in sizes:
       f = jax.jit(
         jax.shard_map(
           lambda x, s, kind=kind: (_chain(x, kind), s),
@@ -135,9 +150,13 @@ def calibrate_cluster(
 def _sharded_update(tx, tree, mesh):
   """``(jitted step, grads, state)``: ``tx.update`` on per-worker copies of ``tree``."""
   n = mesh.devices.size
-  sharding = NamedSharding(mesh, P(AXIS))
-  grads = jax.device_put(gradcomp.add_worker_axis(tree, n), sharding)
-  state = jax.device_put(gradcomp.add_worker_axis(tx.init(tree), n), sharding)
+  # One program puts every leaf's copies on the devices: leaf by leaf, each
+  # shape would compile its own broadcast and resharding.
+  per_worker = jax.jit(
+    lambda tree: gradcomp.add_worker_axis((tree, tx.init(tree)), n),
+    out_shardings=NamedSharding(mesh, P(AXIS)),
+  )
+  grads, state = per_worker(tree)
   return jax.jit(sharded_update(tx, mesh, AXIS), donate_argnums=1), grads, state
 
 
@@ -171,14 +190,19 @@ def run(
   repeats: int = 5,
   out_dir: str = "bench_out/",
   sizes=DEFAULT_SIZES,
+  calibration_sizes=CALIBRATION_SIZES,
 ) -> dict:
-  """Predicted and measured step times of three plans per model; returns the results."""
+  """Predicted and measured step times of three plans per model; returns the results.
+
+  ``sizes`` are the compressor's profile sizes, ``calibration_sizes`` those of
+  the collectives the ring is fitted to (:func:`calibrate_cluster`).
+  """
   hyperparameters = {"ratio": 0.01} if hyperparameters is None else hyperparameters
   devices = jax.devices()
   mesh = jax.make_mesh((len(devices),), (AXIS,))
   tx = registry.get(compressor, axis_name=AXIS, **hyperparameters)
   launch = launch_seconds(mesh)
-  cluster, samples = calibrate_cluster(mesh, launch, repeats)
+  cluster, samples = calibrate_cluster(mesh, launch, repeats, calibration_sizes)
   measured = gradcomp.profile(tx, sizes, devices=len(devices), repeats=repeats)
   profile = dataclasses.replace(
     measured,
