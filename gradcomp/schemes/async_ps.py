@@ -202,19 +202,6 @@ def _select(flag, new, old):
   return jax.tree.map(lambda n, o: jnp.where(flag, n, o), new, old)
 
 
-def _check_scalar(name: str, value, *, integer: bool = False, optional: bool = False):
-  if value is None and optional:
-    return None
-  kinds = (int,) if integer else (int, float)
-  if isinstance(value, bool) or not isinstance(value, kinds) or not value >= 0:
-    what = "an integer" if integer else "a number"
-    none = " or None" if optional else ""
-    raise ValueError(f"{name} must be {what} in [0, inf){none}, got {value!r}")
-  if not integer and not np.isfinite(value):
-    raise ValueError(f"{name} must be finite, got {value!r}")
-  return value if integer else float(value)
-
-
 def async_ps(
   inner: optax.GradientTransformation,
   *,
@@ -280,24 +267,18 @@ def async_ps(
     )
   table = speed_table(speeds)
   workers = table.shape[1]
-  bound = _check_scalar("staleness_bound", staleness_bound, integer=True, optional=True)
-  lam = _check_scalar("delay_compensation", delay_compensation)
-  jitter = _check_scalar("jitter", jitter)
-  if isinstance(seed, bool) or not isinstance(seed, int):
-    raise ValueError(f"seed must be an integer, got {seed!r}")
+  bound = base.nonnegative(
+    "staleness_bound", staleness_bound, integer=True, optional=True
+  )
+  lam = base.nonnegative("delay_compensation", delay_compensation)
+  jitter = base.nonnegative("jitter", jitter)
+  base.seed(seed)
 
   def init_fn(params):
     key = jax.random.PRNGKey(seed)
     server = base.copy_params(params)
     if lam > 0:
-      backups = jax.tree.map(
-        lambda p: (
-          jnp.broadcast_to(jnp.asarray(p), (workers, *p.shape))
-          if not isinstance(p, jax.ShapeDtypeStruct)
-          else jax.ShapeDtypeStruct((workers, *p.shape), p.dtype)
-        ),
-        params,
-      )
+      backups = base.stacked_copies(params, workers)
     else:
       backups = optax.EmptyState()
     return AsyncPSState(

@@ -122,12 +122,8 @@ def backup_workers(
     raise ValueError(
       f"backups must be in [0, {workers - 1}] for {workers} workers, got {backups}"
     )
-  if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not jitter >= 0:
-    raise ValueError(f"jitter must be a number in [0, inf), got {jitter!r}")
-  if jitter == float("inf"):
-    raise ValueError(f"jitter must be finite, got {jitter!r}")
-  if isinstance(seed, bool) or not isinstance(seed, int):
-    raise ValueError(f"seed must be an integer, got {seed!r}")
+  jitter = base.nonnegative("jitter", jitter)
+  base.seed(seed)
   keep = workers - backups
 
   def init_fn(params):
@@ -145,7 +141,7 @@ def backup_workers(
     if n != workers:
       raise ValueError(f"speeds has {workers} workers, but axis {axis_name!r} has {n}")
     # The round's gradients start at its beginning: row = rounds so far.
-    durations = task_durations(state.key, state.count, table, float(jitter))
+    durations = task_durations(state.key, state.count, table, jitter)
     accepted, time = accepted_workers(durations, keep)
     complete = jnp.sum(accepted) == keep
     me = 0 if axis_name is None else jax.lax.axis_index(axis_name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -52,3 +53,44 @@ def copy_params(params):
     lambda p: p if isinstance(p, jax.ShapeDtypeStruct) else jnp.array(p, copy=True),
     params,
   )
+
+
+def stacked_copies(params, count: int):
+  """``count`` copies of ``params`` on a new leading axis, as a state entry.
+
+  Abstract params (``jax.ShapeDtypeStruct``) give abstract entries, as
+  :func:`copy_params` does.
+  """
+  return jax.tree.map(
+    lambda p: (
+      jax.ShapeDtypeStruct((count, *p.shape), p.dtype)
+      if isinstance(p, jax.ShapeDtypeStruct)
+      else jnp.broadcast_to(jnp.asarray(p), (count, *p.shape))
+    ),
+    params,
+  )
+
+
+def nonnegative(name: str, value, *, integer: bool = False, optional: bool = False):
+  """``value`` checked to be a finite number (or integer) >= 0, or ``None`` if allowed.
+
+  Raises:
+    ValueError: naming ``name``, the valid range and ``value``.
+  """
+  if value is None and optional:
+    return None
+  kinds = (int,) if integer else (int, float)
+  if isinstance(value, bool) or not isinstance(value, kinds) or not value >= 0:
+    what = "an integer" if integer else "a number"
+    none = " or None" if optional else ""
+    raise ValueError(f"{name} must be {what} in [0, inf){none}, got {value!r}")
+  if not integer and not np.isfinite(value):
+    raise ValueError(f"{name} must be finite, got {value!r}")
+  return value if integer else float(value)
+
+
+def seed(value) -> int:
+  """``value`` checked to be an integer PRNG seed."""
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise ValueError(f"seed must be an integer, got {value!r}")
+  return value

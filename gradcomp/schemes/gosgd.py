@@ -196,8 +196,7 @@ def gosgd(
   """
   inner = base.transformation("inner", inner)
   p = _probability(p)
-  if isinstance(seed, bool) or not isinstance(seed, int):
-    raise ValueError(f"seed must be an integer, got {seed!r}")
+  base.seed(seed)
 
   def init_fn(params):
     return GoSGDState(

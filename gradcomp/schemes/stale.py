@@ -74,21 +74,13 @@ def stale_sgd(
     Survey 004 §2.3, Fig. 2.
   """
   inner = base.transformation("inner", inner)
-  if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
-    raise ValueError(f"staleness must be an integer in [0, inf), got {staleness!r}")
+  base.nonnegative("staleness", staleness, integer=True)
 
   def init_fn(params):
     if staleness == 0:
       history = optax.EmptyState()
     else:
-      history = jax.tree.map(
-        lambda p: (
-          jax.ShapeDtypeStruct((staleness, *p.shape), p.dtype)
-          if isinstance(p, jax.ShapeDtypeStruct)
-          else jnp.broadcast_to(jnp.asarray(p), (staleness, *p.shape))
-        ),
-        params,
-      )
+      history = base.stacked_copies(params, staleness)
     return StaleState(
       count=jnp.zeros([], jnp.int32),
       inner_state=inner.init(params),
