@@ -92,7 +92,11 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   ``backup_workers`` (§2.2) takes ``backups`` and ``jitter``. Both read the
   workers' speeds from ``config.cluster.speeds``. ``stale_sgd`` takes
   ``staleness``: synchronous SGD whose every gradient is that many steps late
-  (survey Fig. 2).
+  (survey Fig. 2). ``edgegossip`` (paper 002) is GoSGD (``p``) on per-worker
+  shards with balanced, loss-ranked epochs (``train/edgegossip.py``): the
+  aggregator's ``method`` and ``ratio``, ``balance``, ``selection`` (loss,
+  random or shuffle), the balancer's ``speed_threshold`` and
+  ``failure_threshold``; speeds from ``config.cluster``.
   """
   c = ml_collections.ConfigDict()
   c.name = name
@@ -115,6 +119,12 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("jitter", float),
     ("backups", int),
     ("staleness", int),
+    ("method", str),
+    ("ratio", int),
+    ("balance", bool),
+    ("selection", str),
+    ("speed_threshold", float),
+    ("failure_threshold", float),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)
@@ -168,7 +178,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.fusion.plan = "auto"  # layerwise | single | auto | none
   config.fusion.search = "heuristic"  # for "auto": heuristic | optimal
 
-  # none|local_sgd|easgd|cdsgd|gossip|gosgd|async_ps|backup_workers|stale_sgd
+  # none|local_sgd|easgd|cdsgd|gossip|gosgd|async_ps|backup_workers|stale_sgd|
+  # edgegossip
   config.scheme = scheme("none")
   # Sufficient-factor broadcasting (train/factors.py; synchronous only): each
   # nn.Dense layer for which Poseidon's rule finds its factors cheaper on the
@@ -184,6 +195,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.schedule = "constant"  # constant | cosine
 
   config.step = "shard_map"  # shard_map | pmap (train/step.py)
+  # Workers: the first config.workers devices (one process), or all if unset.
+  config.workers = config_dict.placeholder(int)
   config.global_batch_size = 128
   # Typed placeholders, so a variant can unset one and the command line can
   # still set it.

@@ -85,6 +85,8 @@ from gradcomp.sim.delayed import saving_over_bitsgd as saving_over_bitsgd
 from gradcomp.sim.delayed import saving_over_local_update as saving_over_local_update
 from gradcomp.sim.delayed import simulate_delayed as simulate_delayed
 from gradcomp.sim.delayed import steady_step_seconds as steady_step_seconds
+from gradcomp.sim.epochs import EpochTimes as EpochTimes
+from gradcomp.sim.epochs import simulate_masked_epoch as simulate_masked_epoch
 from gradcomp.sim.gossip import gossip_step_seconds as gossip_step_seconds
 from gradcomp.sim.gossip import gossip_worker_seconds as gossip_worker_seconds
 from gradcomp.sim.gossip import simulate_gossip as simulate_gossip

@@ -28,6 +28,7 @@ import optax
 from absl import logging
 
 import gradcomp
+from train import edgegossip as edgegossip_lib
 
 # ``apply_if_finite`` applies a non-finite update after this many rejections in
 # a row; the training loop stops long before (``max_consecutive_nonfinite``),
@@ -82,6 +83,22 @@ def _same_on_every_process(plan: gradcomp.Plan) -> gradcomp.Plan:
   starts[list(plan.boundaries)] = 1
   starts = np.asarray(multihost_utils.broadcast_one_to_all(starts))
   return gradcomp.Plan.from_boundaries(plan.order, np.flatnonzero(starts).tolist())
+
+
+def num_workers(config) -> int:
+  """``config.workers`` (the run's first devices), or every device if unset."""
+  workers = config.get("workers")
+  if workers is None:
+    return jax.device_count()
+  if isinstance(workers, bool) or not isinstance(workers, int):
+    raise ValueError(f"config.workers must be an integer, got {workers!r}")
+  if not 1 <= workers <= jax.device_count():
+    raise ValueError(
+      f"config.workers must be in [1, {jax.device_count()}] (the devices), got {workers}"
+    )
+  if workers != jax.device_count() and jax.process_count() > 1:
+    raise ValueError("config.workers below the device count runs in one process only")
+  return workers
 
 
 def cluster_of(config, workers: int) -> gradcomp.Cluster:
@@ -174,7 +191,10 @@ SCHEMES = {
   "async_ps": gradcomp.async_ps,
   "backup_workers": gradcomp.backup_workers,
   "stale_sgd": gradcomp.stale_sgd,
+  # Paper 002: GoSGD whose epochs train/edgegossip.py balances and orders.
+  "edgegossip": gradcomp.gosgd,
 }
+
 #: Schemes whose factory takes the workers' ``speeds`` (from ``config.cluster``).
 TIMED_SCHEMES = ("async_ps", "backup_workers")
 #: Fields of ``config.scheme`` that build ``outer`` (DiLoCo's Nesterov SGD)
@@ -247,6 +267,8 @@ def _scheme(config, local, compressor_tx, axis_name, speeds=None):
     for k, v in cfg.items()
     if k != "name" and k not in _OUTER_FIELDS and v is not None
   }
+  if name == "edgegossip":
+    kwargs = {k: v for k, v in kwargs.items() if k not in edgegossip_lib.FIELDS}
   if name in TIMED_SCHEMES:
     if speeds is None:
       raise ValueError(f"scheme {name} needs the workers' speeds (config.cluster)")
@@ -323,7 +345,7 @@ def create(
     ``(tx, plan)``: ``tx``'s state is an ``optax.ApplyIfFiniteState``.
   """
   inner = compressor(config.compressor, axis_name)
-  cluster = cluster_of(config, jax.device_count())
+  cluster = cluster_of(config, num_workers(config))
   plan = fusion_plan(config.fusion, order, sizes, inner, saved_plan, cluster)
   if plan is not None:
     inner = gradcomp.layerfusion(inner, plan)

@@ -16,7 +16,10 @@ schedule, and each scheme's clock is the one its waiting pattern needs:
   fastest worker's cycle (compute, push, pull: :func:`speed_table`), the
   scheme's own time unit;
 * backup workers: each round waits for the ``n - b``-th cycle to end (the
-  scheme's own draws, replayed here).
+  scheme's own draws, replayed here);
+* EdgeGossip: per-worker clocks charged for the samples each worker
+  processed, a barrier per epoch (``gradcomp.simulate_masked_epoch``),
+  priced by ``train/edgegossip.py`` as each epoch is planned (here NaN).
 """
 
 from __future__ import annotations
@@ -194,7 +197,7 @@ def _gossip_wire(config, step_wire, workers_: int):
   name = optimizer_lib.scheme_name(config)
   permuted = step_wire.get("collective-permute", 0)
   other = sum(step_wire.values()) - permuted
-  if name == "gosgd":
+  if name in ("gosgd", "edgegossip"):
     branches = messages = max(workers_ - 1, 1)
     topology = gradcomp.get_topology("one_peer_exponential", workers_)
   else:
@@ -239,6 +242,13 @@ def price(
     )
     fields = {"full_wire": full, "compressed_wire": compressed}
     return Priced(per_step, compressed or full, seconds, fields)
+  if name == "edgegossip":
+    # Priced epoch by epoch as the plans are made (train/edgegossip.py).
+    per_step, message, _ = _gossip_wire(config, step_wire, mesh.size)
+    seconds = np.full(num_steps + 1, np.nan)
+    seconds[0] = 0.0
+    fields = {"message_bytes": message}
+    return Priced(per_step, {"collective-permute": int(message)}, seconds, fields)
   if name in ("gossip", "gosgd"):
     per_step, message, topology = _gossip_wire(config, step_wire, mesh.size)
     # D-PSGD sends the params the gradient was taken at (overlapped); CHOCO

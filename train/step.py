@@ -182,15 +182,22 @@ def cross_entropy(logits, labels) -> tuple[jax.Array, jax.Array]:
   return loss, correct
 
 
-def loss_fn(model: nn.Module, params, model_state, x, y, *, train: bool):
-  """Mean cross-entropy and ``(accuracy, new model state)``."""
+def loss_fn(model: nn.Module, params, model_state, x, y, w=None, *, train: bool):
+  """Mean cross-entropy and ``(accuracy, new model state)``.
+
+  ``w``: per-example weights (EdgeGossip's mask, 0 for padding), or ``None``
+  for the plain mean; a batch of zero weight has loss 0 and gradient 0.
+  """
   variables = {"params": params, **model_state}
   if train and model_state:
     logits, new_state = model.apply(variables, x, train=True, mutable=list(model_state))
   else:
     logits, new_state = model.apply(variables, x, train=train), model_state
   loss, correct = cross_entropy(logits, y)
-  return jnp.mean(loss), (jnp.mean(correct), new_state)
+  if w is None:
+    return jnp.mean(loss), (jnp.mean(correct), new_state)
+  count = jnp.maximum(jnp.sum(w), 1.0)
+  return jnp.sum(loss * w) / count, (jnp.sum(correct * w) / count, new_state)
 
 
 def init_model(model: nn.Module, rng, input_shape, dtype) -> tuple[Any, dict]:
@@ -245,7 +252,11 @@ def _body(
   receives), or ``None``.
   """
   independent = layout.params_per_worker if independent is None else independent
-  x, y = batch
+  # (x, y), or (x, y, w) with a per-example mask: a worker whose rows are all
+  # masked (past its epoch's budget, EdgeGossip) takes no local step.
+  x, y, *weights = batch
+  w = weights[0] if weights else None
+  active = None if w is None else jnp.sum(w) > 0
   per_worker = layout.per_worker
   opt_state = _drop(opt_state, per_worker)
   if layout.params_per_worker:
@@ -257,13 +268,14 @@ def _body(
   loss_of = functools.partial(loss_fn, model, train=True)
   if factors is None:
     grad_fn = jax.value_and_grad(loss_of, has_aux=True)
-    (loss, (accuracy, new_model_state)), grads = grad_fn(local, local_state, x, y)
+    (loss, (accuracy, new_model_state)), grads = grad_fn(local, local_state, x, y, w)
     grads = sent = poison_nonfinite(loss, grads)
   else:
     (loss, (accuracy, new_model_state)), grads, sent = factors.gradients(
       loss_of, local, local_state, x, y
     )
-  updates, new_opt_state = tx.update(sent, opt_state, params)
+  extra = {} if active is None else {"active": active}
+  updates, new_opt_state = tx.update(sent, opt_state, params, **extra)
   new_params = optax.apply_updates(params, updates)
   if probe is not None:
     probe.append(
@@ -272,7 +284,8 @@ def _body(
         any(_varying(p) for p in jax.tree.leaves(new_params)),
       )
     )
-  applied = new_opt_state.last_finite
+  skipped = ~new_opt_state.last_finite  # Agreed by every worker.
+  applied = ~skipped if active is None else ~skipped & active
   # Synchronous training averages batch statistics over workers (synchronous
   # BN); a scheme's workers keep their own, as they keep their params. Both
   # are kept when the step is skipped.
@@ -281,18 +294,24 @@ def _body(
   new_model_state = jax.tree.map(
     lambda new, old: jnp.where(applied, new, old), new_model_state, model_state
   )
-  # One small all-reduce for every logged per-worker scalar.
-  logged = [loss, accuracy, optax.tree.norm(grads, squared=True)]
+  # One small all-reduce for every logged per-worker scalar. Loss and
+  # accuracy are means over the workers that trained (all, unless masked).
+  trained = None if active is None else active.astype(jnp.float32)
+  logged = [loss, accuracy] if active is None else [loss * trained, accuracy * trained]
+  logged.append(optax.tree.norm(grads, squared=True))
   if independent:
     logged.append(optax.tree.norm(updates, squared=True))
+  if active is not None:
+    logged.append(trained)
   means = jax.lax.pmean(jnp.stack(logged), AXIS)
   update_sq = means[3] if independent else optax.tree.norm(updates, squared=True)
+  share = 1.0 if active is None else jnp.maximum(means[-1], 1e-30)
   metrics = {
-    "loss": means[0],
-    "accuracy": means[1],
+    "loss": means[0] / share,
+    "accuracy": means[1] / share,
     "l2_grads": jnp.sqrt(means[2]),
     "l2_updates": jnp.sqrt(update_sq),  # The root mean square over workers.
-    "skipped": ~applied,
+    "skipped": skipped,
     "consecutive_nonfinite": new_opt_state.notfinite_count,
     "nonfinite_steps": new_opt_state.total_notfinite,
   }
@@ -556,4 +575,29 @@ def example_batch(mesh: Mesh, batch_like, variant: str = "shard_map"):
   sharded = NamedSharding(mesh, P(AXIS))
   return tuple(
     jax.ShapeDtypeStruct(b.shape, b.dtype, sharding=sharded) for b in batch_like
+  )
+
+
+def make_point_losses(model, layout: Layout) -> Callable:
+  """``losses(params, model_state, x, y) -> (workers * M,)``: each worker's own model on its rows.
+
+  For EdgeGossip's trainer (paper 002 Alg. 2, line 1): ``x`` and ``y`` hold
+  ``M`` aggregated points per worker, worker-major and sharded over
+  ``AXIS``; worker ``w`` scores its own ``M`` points with its own params
+  (per-worker layout, leading worker axis). Returns the per-point
+  cross-entropy, sharded as ``x``.
+  """
+
+  def losses(params, model_state, x, y):
+    params, model_state = gradcomp.drop_worker_axis((params, model_state))
+    logits = model.apply({"params": params, **model_state}, x, train=False)
+    return cross_entropy(logits, y)[0]
+
+  return jax.jit(
+    jax.shard_map(
+      losses,
+      mesh=layout.mesh,
+      in_specs=(P(AXIS), P(AXIS), P(AXIS), P(AXIS)),
+      out_specs=P(AXIS),
+    )
   )

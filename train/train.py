@@ -28,6 +28,7 @@ from gradcomp.models import zoo as models
 from gradcomp.parallel import wire
 from train import checkpoint as checkpoint_lib
 from train import data as data_lib
+from train import edgegossip as edgegossip_lib
 from train import factors as factors_lib
 from train import logs, pricing
 from train import optimizer as optimizer_lib
@@ -202,28 +203,33 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   lead = jax.process_index() == 0
-  mesh = jax.make_mesh((jax.device_count(),), (step_lib.AXIS,))
+  workers = optimizer_lib.num_workers(config)
+  mesh = jax.make_mesh((workers,), (step_lib.AXIS,), devices=jax.devices()[:workers])
   _check(config, mesh.size)
   variant = _variant(config)
+  scheme = optimizer_lib.scheme_name(config)
 
   model_cfg = dict(config.model)
   model_name = model_cfg.pop("name")
   models.check_name(model_name)  # Before loading a dataset.
   ds = _dataset(config)
   model = models.create(model_name, ds.num_classes, **model_cfg)
-  num_steps = total_steps(config, len(ds.y_train))
   batch_size = config.global_batch_size
   batch_like = (
     jax.ShapeDtypeStruct((batch_size, *ds.input_shape), ds.x_train.dtype),
     jax.ShapeDtypeStruct((batch_size, *ds.y_train.shape[1:]), ds.y_train.dtype),
   )
+  edge = None
+  if scheme == edgegossip_lib.NAME:  # Per-worker shards, balanced epochs.
+    edgegossip_lib.check(config, ds, variant)
+    batch_like += (jax.ShapeDtypeStruct((batch_size,), jnp.float32),)
 
   rng = jax.random.PRNGKey(config.seed)  # Raw uint32[2]: checkpointable as is.
   init_rng, rng = jax.random.split(rng)
   params, model_state = step_lib.init_model(
     model, init_rng, ds.input_shape, ds.x_train.dtype
   )
-  order = step_lib.gradient_order(model, params, model_state, *batch_like)
+  order = step_lib.gradient_order(model, params, model_state, *batch_like[:2])
   sizes = [int(np.size(x)) for x in jax.tree.leaves(params)]
   factored = step_factors = mask = None
   if factors_lib.enabled(config):  # The rule's choice per Dense layer, once.
@@ -232,6 +238,19 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       order, sizes = factored.restrict(params, order, sizes)
       step_factors, mask = factored, factored.mask
   flops = pricing.flops_per_step(model, ds, batch_size // mesh.size)
+  if scheme == edgegossip_lib.NAME:
+    message = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)) + 4
+    edge = edgegossip_lib.Trainer(
+      config,
+      ds,
+      pricing.cluster_of(config, mesh.size),
+      batch_size // mesh.size,
+      flops / gradcomp.training_flops(1.0, batch_size // mesh.size),
+      message,
+    )
+    num_steps = edgegossip_lib.total_steps(config, edge.steps_per_epoch)
+  else:
+    num_steps = total_steps(config, len(ds.y_train))
   speeds = None
   if optimizer_lib.scheme_name(config) in optimizer_lib.TIMED_SCHEMES:
     param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
@@ -254,6 +273,8 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     "step": jax.device_put(jnp.zeros((), jnp.int32), replicated),
     "rng": jax.device_put(rng, replicated),
   }
+  if edge is not None:
+    state["edgegossip"] = edge.empty_state(mesh)
 
   checkpoints = checkpoint_lib.Checkpointer(
     workdir / CHECKPOINT_DIR, config.checkpoints_to_keep
@@ -274,15 +295,16 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   else:
     eval_step = step_lib.make_eval_step(model, layout, variant)
   eval_batch = -(-config.eval_batch_size // mesh.size) * mesh.size
-  train_iter = data_lib.batches(
-    ds.x_train,
-    ds.y_train,
-    batch_size,
-    config.seed,
-    start_step=start,
-    process_index=jax.process_index(),
-    process_count=jax.process_count(),
-  )
+  if edge is None:
+    train_iter = data_lib.batches(
+      ds.x_train,
+      ds.y_train,
+      batch_size,
+      config.seed,
+      start_step=start,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    )
   # Checkpoints hold the shard_map layout whatever the variant (train/step.py).
   params, model_state, opt_state = layout.to_variant(
     variant, state["params"], state["model_state"], state["opt_state"]
@@ -291,7 +313,6 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   step_wire = wire.collective_bytes(
     train_step.lower(params, model_state, opt_state, example).compile().as_text()
   )
-  scheme = optimizer_lib.scheme_name(config)
   priced = pricing.price(
     config, plan, mesh, state["params"], step_wire, num_steps, flops, speeds
   )
@@ -305,6 +326,14 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     seconds = float(sim_seconds[step])
     return seconds if math.isfinite(seconds) else None
 
+  if edge is not None:
+    priced.fields.update(
+      steps_per_epoch=edge.steps_per_epoch,
+      shard_sizes=edge.sizes.tolist(),
+      aggregated_points=edge.num_points.tolist(),
+      aggregation_wall_seconds=edge.aggregation_seconds,
+      push_seconds=edge.push_seconds,
+    )
   if lead:
     _write_sim_file(
       workdir,
@@ -387,16 +416,16 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     global_params, global_model_state, global_opt_state = layout.from_variant(
       variant, params, model_state, opt_state
     )
-    checkpoints.save(
-      step,
-      {
-        "params": global_params,
-        "model_state": global_model_state,
-        "opt_state": global_opt_state,
-        "step": jax.device_put(jnp.asarray(step, jnp.int32), replicated),
-        "rng": state["rng"],
-      },
-    )
+    saved = {
+      "params": global_params,
+      "model_state": global_model_state,
+      "opt_state": global_opt_state,
+      "step": jax.device_put(jnp.asarray(step, jnp.int32), replicated),
+      "rng": state["rng"],
+    }
+    if edge is not None:
+      saved["edgegossip"] = edge.state_of(mesh, epoch["plan"])
+    checkpoints.save(step, saved)
 
   def per_worker_params():
     """Params and model state in the shard_map layout (leading worker axis)."""
@@ -446,6 +475,46 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       f"accuracy {last['eval_accuracy']:.4f}"
     )
 
+  epoch: dict[str, Any] = {"plan": None, "priced": None, "clock": None, "wall": 0.0}
+
+  def start_epoch(plan) -> None:
+    """Price a planned (or restored) epoch and fill its steps' simulated times."""
+    priced = edge.price(plan)
+    epoch.update(plan=plan, priced=priced, clock=priced.times)
+    for j, seconds in enumerate(priced.seconds):
+      if plan.first_step + j <= num_steps:
+        sim_seconds[plan.first_step + j] = seconds
+
+  if edge is not None:
+    point_losses = step_lib.make_point_losses(model, layout)
+    sharded = NamedSharding(mesh, P(step_lib.AXIS))
+    points = tuple(jax.device_put(a, sharded) for a in edge.points())
+    restored = edge.epoch_of(jax.device_get(state["edgegossip"]))
+    if restored is not None:  # Resumed: the same plan and the same clock.
+      start_epoch(restored)
+    else:
+      epoch["clock"] = np.zeros(mesh.size)
+
+  def edge_batch(step: int):
+    """EdgeGossip's batch of ``step``, planning an epoch at its first step."""
+    if (step - 1) % edge.steps_per_epoch == 0:
+      losses, begin = None, time.perf_counter()
+      if edge.selection == "loss":  # Alg. 2 line 1: every worker's own model.
+        losses = np.asarray(point_losses(params, model_state, *points))
+        losses = losses.reshape(mesh.size, -1)
+      epoch["wall"] = time.perf_counter() - begin
+      start_epoch(edge.plan((step - 1) // edge.steps_per_epoch, epoch["clock"], losses))
+    return edge.batch_of(ds, epoch["plan"], step)
+
+  def log_epoch(step: int) -> None:
+    plan = epoch["plan"]
+    if step == plan.first_step + edge.steps_per_epoch - 1 or step == num_steps:
+      writer.write(
+        step,
+        **edge.epoch_record(plan, epoch["priced"]),
+        loss_eval_wall_seconds=epoch["wall"],
+      )
+
   # Profile steps after the first (which compiles), into workdir/profile, on
   # process 0 only: processes sharing a host would write the same file names.
   profiled = range(start + 2, min(start + 2 + config.profile_steps, num_steps + 1))
@@ -453,8 +522,8 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   pending, tracing = None, False
   try:
     for step in range(start + 1, num_steps + 1):
-      x, y = next(train_iter)
-      batch = step_lib.shard_batch(mesh, (x, y), variant)
+      host_batch = next(train_iter) if edge is None else edge_batch(step)
+      batch = step_lib.shard_batch(mesh, host_batch, variant)
       if profiled and step == profiled[0]:
         jax.profiler.start_trace(workdir / "profile")
         tracing = True
@@ -469,6 +538,8 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       # The previous step's metrics are read while this one runs.
       if pending is not None:
         record(*pending)
+      if edge is not None:
+        log_epoch(step)
       pending = (step, metrics)
       do_eval = step % config.eval_every_steps == 0 or step == num_steps
       do_save = step % config.checkpoint_every_steps == 0 or step == num_steps

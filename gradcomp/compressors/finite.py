@@ -36,7 +36,9 @@ def apply_if_finite(
     axis_name: the mapped axis of the workers, or ``None`` for one device.
 
   Returns:
-    An ``optax.GradientTransformation`` with ``optax.ApplyIfFiniteState``.
+    An ``optax.GradientTransformationExtraArgs`` with
+    ``optax.ApplyIfFiniteState``; keyword arguments of ``update`` beyond
+    ``params`` (e.g. GoSGD's ``active``) go to ``inner.update``.
   """
   if not isinstance(max_consecutive_errors, int) or max_consecutive_errors < 0:
     raise ValueError(
@@ -51,7 +53,7 @@ def apply_if_finite(
       inner_state=inner.init(params),
     )
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
     local_bad = jnp.zeros([], jnp.int32)
     for leaf in jax.tree.leaves(updates):
       local_bad = local_bad | (~all_finite(leaf)).astype(jnp.int32)
@@ -61,7 +63,9 @@ def apply_if_finite(
     # Run the inner update and select, rather than lax.cond: both outcomes
     # keep the same replication types under shard_map, and every worker runs
     # the same collectives whatever the outcome.
-    new_updates, inner_state = inner.update(updates, state.inner_state, params)
+    new_updates, inner_state = inner.update(
+      updates, state.inner_state, params, **extra_args
+    )
     apply = finite | (notfinite_count > max_consecutive_errors)
     new_updates = jax.tree.map(lambda u: jnp.where(apply, u, 0), new_updates)
     inner_state = jax.tree.map(
@@ -74,4 +78,4 @@ def apply_if_finite(
       inner_state=inner_state,
     )
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -159,6 +159,18 @@ def gosgd(
   :math:`x_w \leftarrow \frac12 (x_w + x_{w-s})`. No setting is synchronous
   SGD on the mean gradient: a round averages pairs, never all workers.
 
+  **Masked steps** (paper 002 Alg. 2 on SPMD workers): ``update(grads,
+  state, params, active=a)`` with a per-worker boolean ``a``. A worker with
+  ``a = False`` has no batch this step (it has used its epoch's budget,
+  ``gradcomp.edgegossip``): ``inner``'s update is zero and its state is kept,
+  and the worker does not push (in Blot's protocol a push follows a local
+  step), though the shared draws are still consumed, so the other workers'
+  pushes and shifts are those of the unmasked run. It still merges a push it
+  receives: refusing it would lose the sender's halved weight and break the
+  invariant :math:`\sum_w \alpha_w x_w`; in time, the masked worker is still
+  computing its slower steps and merges on receipt. ``active=None`` (or
+  ``True`` everywhere) is the plain scheme.
+
   **Precision.** The merge runs in float32 and is cast to each leaf's dtype;
   the update of a worker that receives nothing is ``inner``'s update as it
   is.
@@ -210,9 +222,17 @@ def gosgd(
     perm = [(w, (w + shift) % n) for w in range(n)]
     return jax.lax.ppermute(payload, axis_name, perm)
 
-  def update_fn(grads, state, params=None):
+  def update_fn(grads, state, params=None, *, active=None):
     params = base.require_params(params, "gosgd")
     inner_updates, inner_state = inner.update(grads, state.inner_state, params)
+    if active is not None:  # A masked worker: no local step, no push.
+      active = jnp.asarray(active, bool)
+      inner_updates = jax.tree.map(
+        lambda u: jnp.where(active, u, jnp.zeros_like(u)), inner_updates
+      )
+      inner_state = jax.tree.map(
+        lambda new, old: jnp.where(active, new, old), inner_state, state.inner_state
+      )
     count = optax.safe_increment(state.count)
     n = exchange.num_workers(axis_name)
     if n == 1 or p == 0.0:  # Nothing is ever pushed: no collective at all.
@@ -226,6 +246,8 @@ def gosgd(
     key, step_key = jax.random.split(key)
     pushes, shift = gossip_draws(step_key, n, p)
     push = pushes[jax.lax.axis_index(axis_name)]
+    if active is not None:
+      push = push & active
     local = optax.apply_updates(params, inner_updates)
     sent_weight = jnp.where(push, state.weight / 2, jnp.zeros([], jnp.float32))
     kept = state.weight - sent_weight  # Exact: halving and its complement.
@@ -251,4 +273,4 @@ def gosgd(
     updates = jax.tree.map(update, local, received, params, inner_updates)
     return updates, GoSGDState(count, inner_state, weight, key)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -3,7 +3,9 @@
 Paper 000 §4.3 (eq. 7) and DESIGN §6. ``cluster`` describes workers (speeds,
 slowdowns, failures) and links; ``clock`` advances simulated time on such a
 cluster step by step, for the training program; ``gossip`` prices
-decentralized steps, where each worker waits only for its neighbours. Shared
+decentralized steps, where each worker waits only for its neighbours;
+``epochs`` prices an epoch whose workers process different amounts of data
+(paper 002's balanced shares). Shared
 by LayerFusion, the schemes, the training program and the benchmarks; imports
 compressors (for a profile's label), models (for a model's workload and FLOPs)
 and parallel (gossip topologies), never fusion, schemes or bench.
@@ -15,6 +17,8 @@ from gradcomp.sim.delayed import saving_over_bitsgd as saving_over_bitsgd
 from gradcomp.sim.delayed import saving_over_local_update as saving_over_local_update
 from gradcomp.sim.delayed import simulate_delayed as simulate_delayed
 from gradcomp.sim.delayed import steady_step_seconds as steady_step_seconds
+from gradcomp.sim.epochs import EpochTimes as EpochTimes
+from gradcomp.sim.epochs import simulate_masked_epoch as simulate_masked_epoch
 from gradcomp.sim.gossip import gossip_step_seconds as gossip_step_seconds
 from gradcomp.sim.gossip import gossip_worker_seconds as gossip_worker_seconds
 from gradcomp.sim.gossip import simulate_gossip as simulate_gossip
