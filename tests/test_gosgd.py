@@ -83,21 +83,26 @@ def draws(seed, p, steps=T):
   return out
 
 
-def gosgd_reference(params, grads, rounds, mu=0.0):
+def gosgd_reference(params, grads, rounds, mu=0.0, active=None):
   """Blot et al.'s rule, one synchronous round per step (float64).
 
   Local step ``inner = optax.sgd(LR, momentum=mu)`` first; then each pushing
   worker halves its weight and sends (params, half) to ``(w + s) % n``, which
-  merges by weights. Returns every worker's params and weights (in units of
-  ``1 / n``: 1 at the start).
+  merges by weights. With ``active`` (``(T, n)`` bool, EdgeGossip's masked
+  steps), an inactive worker takes no local step (its momentum kept) and
+  does not push, but merges what it receives. Returns every worker's params
+  and weights (in units of ``1 / n``: 1 at the start).
   """
   x = {k: np.repeat(np.float64(v)[None], N, 0) for k, v in params.items()}
   m = {k: np.zeros_like(v) for k, v in x.items()}
   a = np.ones(N)
   for t, (pushes, s) in enumerate(rounds):
+    on = np.ones(N, bool) if active is None else active[t]
     for k in x:
-      m[k] = mu * m[k] + grads[k][t]
-      x[k] = x[k] - LR * m[k]
+      step = on.reshape((N,) + (1,) * (x[k].ndim - 1))
+      m[k] = np.where(step, mu * m[k] + grads[k][t], m[k])
+      x[k] = np.where(step, x[k] - LR * m[k], x[k])
+    pushes = pushes & on
     sent = np.where(pushes, a / 2, 0.0)
     kept = a - sent
     new_a = kept.copy()
@@ -176,6 +181,54 @@ def test_draws_have_the_stated_distribution():
 
 
 # --- Invariants -------------------------------------------------------------------
+
+
+def _masked(tx):
+  """``tx`` fed GoSGD's ``active`` from the gradient tree's ``"active"`` leaf."""
+
+  def update(grads, state, params=None):
+    grads = dict(grads)
+    active = grads.pop("active") > 0.5
+    return tx.update(grads, state, params, active=active)
+
+  return optax.GradientTransformation(tx.init, update)
+
+
+def test_masked_steps_match_numpy_replay():
+  """EdgeGossip's masked steps (``active``): a masked worker keeps its params'
+  local step and momentum, does not push, and still merges what it receives;
+  the weights still sum to n. Workers 5-7 are masked from step 3 on, as a
+  balanced slow worker is past its budget; worker 0 in step 2 only."""
+  p, seed, mu = 0.6, 4, 0.5
+  active = np.ones((T, N), bool)
+  active[3:, 5:] = False
+  active[2, 0] = False
+  params, grads = _params(), _grads(seed=11)
+  rounds = draws(seed, p)
+  fed = dict(grads, active=active.astype(np.float32).reshape(T, N))
+  tx = gosgd(optax.sgd(LR, momentum=mu), p, seed=seed, axis_name=harness.AXIS)
+  got, state = _run(_masked(tx), params, fed)
+  want, weights = gosgd_reference(params, grads, rounds, mu, active)
+  harness.assert_within(got, want, _bound(want, grads, mu))
+  np.testing.assert_array_equal(state.weight, weights.astype(np.float32))
+  assert state.weight.sum() == N
+  # The case exercises a masked worker receiving a push, and a push drawn
+  # for a masked worker (not sent).
+  assert any(
+    not active[t, (w + s) % N]
+    for t, (pushes, s) in enumerate(rounds)
+    for w in np.flatnonzero(pushes & active[t])
+  )
+  assert any((pushes & ~active[t]).any() for t, (pushes, _) in enumerate(rounds))
+  # The masked workers' momentum is that of step 3 (their last step).
+  trace = state.inner_state[0].trace
+  _, early = _run(
+    gosgd(optax.sgd(LR, momentum=mu), p, seed=seed, axis_name=harness.AXIS),
+    params,
+    {k: g[:3] for k, g in grads.items()},
+  )
+  for k in SHAPES:
+    np.testing.assert_array_equal(trace[k][5:], early.inner_state[0].trace[k][5:])
 
 
 def test_gossip_conserves_weights_and_the_weighted_average():

@@ -57,6 +57,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -203,6 +204,19 @@ class Trainer:
     self.aggregation_seconds = time.perf_counter() - start
     self.steps_per_epoch = math.ceil(int(self.sizes.max()) / self.batch)
     self.num_points = np.array([a.num_subsets for a in self.aggregations])
+    self.ratios(1)  # Alg. 1's halting rule, before anything compiles.
+    per_subset = float(np.mean(self.sizes / self.num_points))
+    if self.selection != "shuffle" and self.batch < 4 * per_subset:
+      # Batches of whole single-class subsets in rank order: a batch that
+      # holds one or two subsets holds one or two classes (BUILD_NOTES).
+      logging.warning(
+        "edgegossip: %d samples per worker per step hold only %.1f subsets of "
+        "~%.0f single-class samples: near single-class batches train poorly "
+        "(the paper's 64 per platform hold ~6); raise config.global_batch_size",
+        self.batch,
+        self.batch / per_subset,
+        per_subset,
+      )
 
   # -- the trainer's inputs ---------------------------------------------------
 

@@ -513,6 +513,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
         step,
         **edge.epoch_record(plan, epoch["priced"]),
         loss_eval_wall_seconds=epoch["wall"],
+        sim_seconds=sim_at(step),
       )
 
   # Profile steps after the first (which compiles), into workdir/profile, on
@@ -571,4 +572,6 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     "step": jnp.asarray(num_steps, jnp.int32),
     "rng": state["rng"],
   }
+  if edge is not None:
+    state["edgegossip"] = edge.state_of(mesh, epoch["plan"])
   return Result(state, dict(last))
