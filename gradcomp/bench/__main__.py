@@ -17,6 +17,7 @@ Example::
   python -m gradcomp.bench async --seeds 3
   python -m gradcomp.bench factors
   python -m gradcomp.bench collectives --bandwidth-gbps 10 --latency-us 25
+  python -m gradcomp.bench predictor --repeats 3
 """
 
 from __future__ import annotations
@@ -327,6 +328,27 @@ def _factors(args: argparse.Namespace) -> None:
   )
 
 
+def _predictor(args: argparse.Namespace) -> None:
+  from gradcomp.bench import predictor
+
+  def floats(text):
+    return tuple(float(x) for x in text.split(",") if x)
+
+  try:
+    result = predictor.run(
+      intensities=floats(args.intensities),
+      held_out=floats(args.held_out),
+      disk=floats(args.disk),
+      repeats=args.repeats,
+      sample_seconds=args.sample_seconds,
+      regression=args.regression,
+      out_dir=args.out,
+    )
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench predictor: error: {e}") from None
+  print(predictor.render(result))
+
+
 def _collectives(args: argparse.Namespace) -> None:
   from gradcomp.bench import collectives
 
@@ -553,6 +575,19 @@ def main(argv: Sequence[str] | None = None) -> None:
   co.add_argument("--latency-us", type=float, default=25.0, help="per message")
   co.add_argument("--out", default="bench_out/", help="directory for collectives.*")
   co.set_defaults(func=_collectives)
+  pr = suites.add_parser(
+    "predictor",
+    help="paper 002 §3.3-4.4: fit t = t0 RG(U) on a training step under "
+    "co-runners of known intensity on this machine; held-out error vs 4.30 %%",
+  )
+  pr.add_argument("--intensities", default="0,0.25,0.5,0.75,1", help="CPU co-runners")
+  pr.add_argument("--held-out", default="0.25,0.75", help="intensities not fitted")
+  pr.add_argument("--disk", default="0.25,0.5,0.75,1", help="disk co-runners")
+  pr.add_argument("--repeats", type=int, default=3, help="passes over the settings")
+  pr.add_argument("--sample-seconds", type=float, default=2.5, help="per window")
+  pr.add_argument("--regression", default="linear", help="RG's form")
+  pr.add_argument("--out", default="bench_out/", help="directory for predictor.*")
+  pr.set_defaults(func=_predictor)
   args = parser.parse_args(argv)
   if args.suite in ("sizes", "wire"):
     from gradcomp.bench import sizes, wire_suite
