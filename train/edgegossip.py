@@ -191,21 +191,28 @@ class Trainer:
         f"{self.workers} workers a shard"
       )
     start = time.perf_counter()
-    self.aggregations = [
-      eg.aggregate(
-        np.asarray(ds.x_train[s]),
-        np.asarray(ds.y_train[s]),
-        method=cfg.get("method") or eg.METHODS[0],
-        ratio=cfg.get("ratio") or eg.aggregator.DEFAULT_RATIO,
-        seed=self.seed + w,
-      )
-      for w, s in enumerate(self.shards)
-    ]
+    # "shuffle" never reads the subsets: no aggregation (plain GoSGD's epochs).
+    self.aggregations = (
+      []
+      if self.selection == "shuffle"
+      else [
+        eg.aggregate(
+          np.asarray(ds.x_train[s]),
+          np.asarray(ds.y_train[s]),
+          method=cfg.get("method") or eg.METHODS[0],
+          ratio=cfg.get("ratio") or eg.aggregator.DEFAULT_RATIO,
+          seed=self.seed + w,
+        )
+        for w, s in enumerate(self.shards)
+      ]
+    )
     self.aggregation_seconds = time.perf_counter() - start
     self.steps_per_epoch = math.ceil(int(self.sizes.max()) / self.batch)
-    self.num_points = np.array([a.num_subsets for a in self.aggregations])
+    self.num_points = np.array(
+      [a.num_subsets for a in self.aggregations] or [0] * self.workers
+    )
     self.ratios(1)  # Alg. 1's halting rule, before anything compiles.
-    per_subset = float(np.mean(self.sizes / self.num_points))
+    per_subset = float(np.mean(self.sizes / np.maximum(self.num_points, 1)))
     if self.selection != "shuffle" and self.batch < 4 * per_subset:
       # Batches of whole single-class subsets in rank order: a batch that
       # holds one or two subsets holds one or two classes (BUILD_NOTES).

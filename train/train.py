@@ -486,9 +486,10 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
         sim_seconds[plan.first_step + j] = seconds
 
   if edge is not None:
-    point_losses = step_lib.make_point_losses(model, layout)
-    sharded = NamedSharding(mesh, P(step_lib.AXIS))
-    points = tuple(jax.device_put(a, sharded) for a in edge.points())
+    if edge.selection == "loss":
+      point_losses = step_lib.make_point_losses(model, layout)
+      sharded = NamedSharding(mesh, P(step_lib.AXIS))
+      points = tuple(jax.device_put(a, sharded) for a in edge.points())
     restored = edge.epoch_of(jax.device_get(state["edgegossip"]))
     if restored is not None:  # Resumed: the same plan and the same clock.
       start_epoch(restored)

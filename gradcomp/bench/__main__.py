@@ -18,6 +18,7 @@ Example::
   python -m gradcomp.bench factors
   python -m gradcomp.bench collectives --bandwidth-gbps 10 --latency-us 25
   python -m gradcomp.bench predictor --repeats 3
+  python -m gradcomp.bench edgegossip --seeds 3
 """
 
 from __future__ import annotations
@@ -349,6 +350,54 @@ def _predictor(args: argparse.Namespace) -> None:
   print(predictor.render(result))
 
 
+def _edgegossip(args: argparse.Namespace) -> None:
+  import jax
+  from absl import logging
+
+  from gradcomp.bench import edgegossip
+
+  def numbers(text, kind):
+    return tuple(kind(x) for x in text.split(",") if x)
+
+  try:
+    workers = numbers(args.workers, int)
+    ratios = numbers(args.ratios, float)
+    aggregation = numbers(args.aggregation_ratios, int)
+    methods = tuple(x for x in args.methods.split(",") if x)
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench edgegossip: error: {e}") from None
+  # Before any computation: virtual CPU devices must be configured first.
+  jax.config.update("jax_num_cpu_devices", edgegossip.DEVICES)
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
+  defaults = (
+    workers == edgegossip.WORKERS
+    and ratios == tuple(float(r) for r in edgegossip.SPEED_RATIOS)
+    and (args.seeds, args.epochs) == (edgegossip.SEEDS, edgegossip.EPOCHS)
+    and methods == tuple(edgegossip.DEFAULT_METHODS)
+    and aggregation == tuple(edgegossip.AGGREGATION_RATIOS)
+    and not (args.no_cifar or args.no_predictor or args.quick)
+  )
+  try:
+    edgegossip.run(
+      workers=workers,
+      ratios=ratios,
+      seeds=args.seeds,
+      epochs=args.epochs,
+      methods=methods,
+      aggregation_ratios=aggregation,
+      cifar=not args.no_cifar,
+      predictor=not args.no_predictor,
+      real_check=not args.no_real_check,
+      quick=args.quick,
+      out_dir=args.out,
+      docs_png=Path(__file__).resolve().parents[2] / "docs" / "edgegossip.png"
+      if (args.docs or defaults)
+      else None,
+    )
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench edgegossip: error: {e}") from None
+
+
 def _collectives(args: argparse.Namespace) -> None:
   from gradcomp.bench import collectives
 
@@ -588,6 +637,29 @@ def main(argv: Sequence[str] | None = None) -> None:
   pr.add_argument("--regression", default="linear", help="RG's form")
   pr.add_argument("--out", default="bench_out/", help="directory for predictor.*")
   pr.set_defaults(func=_predictor)
+  eg = suites.add_parser(
+    "edgegossip",
+    help="paper 002: EdgeGossip vs GoSGD on digits (4 and 8 workers, speed "
+    "ratios 1-10), imbalance, time to accuracy, ablation, aggregation ratio, "
+    "loss-evaluation overhead, a CIFAR-format time run, a predictor-driven run",
+  )
+  eg.add_argument("--workers", default="4,8", help="worker counts")
+  eg.add_argument("--ratios", default="1,2,3,5,10", help="slow:fast speed ratios")
+  eg.add_argument("--seeds", type=int, default=3)
+  eg.add_argument("--epochs", type=int, default=60)
+  eg.add_argument(
+    "--methods", default="gosgd,edgegossip,random", help="gosgd is always trained"
+  )
+  eg.add_argument("--aggregation-ratios", default="5,10,20", help="'' skips")
+  eg.add_argument("--no-cifar", action="store_true", help="skip the CIFAR-format run")
+  eg.add_argument("--no-predictor", action="store_true", help="skip the predictor run")
+  eg.add_argument(
+    "--no-real-check", action="store_true", help="skip GoSGD's re-pricing check"
+  )
+  eg.add_argument("--quick", action="store_true", help="a smoke run (~10 s)")
+  eg.add_argument("--docs", action="store_true", help="write docs/edgegossip.png")
+  eg.add_argument("--out", default="bench_out/", help="directory for edgegossip.*")
+  eg.set_defaults(func=_edgegossip)
   args = parser.parse_args(argv)
   if args.suite in ("sizes", "wire"):
     from gradcomp.bench import sizes, wire_suite
