@@ -38,6 +38,7 @@ def _compress(args: argparse.Namespace) -> None:
     only=args.only,
     out_dir=args.out,
     warmup=args.warmup,
+    with_peers=not args.no_peers,
   )
 
 
@@ -426,6 +427,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument("--warmup", type=int, default=1, help="untimed calls after the first")
   p.add_argument("--only", default=None, help="comma-separated labels, e.g. topk,bf16")
   p.add_argument("--out", default="bench_out/", help="directory for compress.json")
+  p.add_argument(
+    "--no-peers", action="store_true", help="skip the naive-JAX peers (peers.py)"
+  )
   p.set_defaults(func=_compress)
   s = suites.add_parser(
     "sketch", help="Count Sketch / sketch_topk stages: time and peak memory"

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradcomp.bench import timing
+from gradcomp.bench import peers, timing
 from gradcomp.bench.output import write_json
 from gradcomp.models import shapes as shapes_lib
 
@@ -276,20 +276,32 @@ def _build(cfg: CompressorConfig):
 def time_layout(cfg: CompressorConfig, grads, *, repeats: int, warmup: int = 1):
   """Times one compressor on one gradient tree; returns a JSON-ready dict."""
   tx = _build(cfg)
-  state = _copy_tree(tx.init(grads))
+  return _time_update(
+    lambda g, s: tx.update(g, s, None), tx.init(grads), grads, repeats, warmup
+  )
+
+
+def time_peer(label: str, ef: bool, grads, *, repeats: int, warmup: int = 1):
+  """Times the naive peer of ``label`` (``peers.py``) on a list of tensors."""
+  peer = peers.lift(label, ef)
+  return _time_update(peer.update, peer.init(grads), grads, repeats, warmup)
+
+
+def _time_update(fn, state, grads, repeats: int, warmup: int):
+  state = _copy_tree(state)
   state_bytes = sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, "nbytes"))
   # Gradients and state are both donated: in a training step the gradient
   # buffer is dead once compressed, so the output can reuse it. Without that,
   # every fused call writes 100 MB of fresh pages (~25-50 ms of page faults on
   # this CPU) and the table would measure the allocator. Each call gets its own
   # copy of the gradients, made (and touched) before timing.
-  update = jax.jit(tx.update, donate_argnums=(0, 1))
+  update = jax.jit(fn, donate_argnums=(0, 1))
   copies = [_copy_tree(grads) for _ in range(repeats + warmup + 2)]
   jax.block_until_ready(copies)
   box = [state]
 
   def step():
-    out, box[0] = update(copies.pop(), box[0], None)
+    out, box[0] = update(copies.pop(), box[0])
     return out, box[0]
 
   with warnings.catch_warnings():
@@ -314,8 +326,15 @@ def run(
   out_dir: str = "bench_out",
   warmup: int = 1,
   log=sys.stderr,
+  with_peers: bool = True,
 ) -> dict[str, Any]:
-  """Runs the suite, prints the markdown table, writes ``<out_dir>/compress.json``."""
+  """Runs the suite, prints the markdown table, writes ``<out_dir>/compress.json``.
+
+  With ``with_peers``, the naive-JAX peer of each row that has one
+  (``peers.PEERS``) is timed in the same process, per tensor (one jit over the
+  list of tensors) and on the one buffer, without error feedback and, where
+  gradcomp's row has it, with it; ``row["peers"]`` holds those times.
+  """
   configs = select(only)
   shape_list = shapes_lib.MODELS[model]()
   d = shapes_lib.total_size(shape_list)
@@ -359,6 +378,8 @@ def run(
       )
       print(f"  {cfg.label:>18} {layout:>9}: {msg}", file=log, flush=True)
       gc.collect()
+    if with_peers and cfg.label in peers.PEERS:
+      row["peers"] = _time_peers(cfg.label, layer, fused, repeats, warmup, log)
     rows.append(row)
   result = {
     "suite": "compress",
@@ -377,6 +398,33 @@ def run(
   path = write_json(out_dir, "compress.json", result)
   print(f"\nwrote {path} ({result['wall_s']:.0f} s)")
   return result
+
+
+def _time_peers(label, layer, fused, repeats, warmup, log) -> dict[str, Any]:
+  """``{"plain" | "ef": {"per_tensor" | "one_buffer": result}}`` of one peer."""
+  has_ef = peers.PEERS[label][2]
+  res: dict[str, Any] = {}
+  for ef in (False, True) if has_ef else (False,):
+    kind = "ef" if ef else "plain"
+    res[kind] = {}
+    for layout, tensors in (
+      ("per_tensor", list(layer.values())),
+      ("one_buffer", list(fused.values())),
+    ):
+      try:
+        r = time_peer(label, ef, tensors, repeats=repeats, warmup=warmup)
+      except Exception as e:  # noqa: BLE001  (report, keep going)
+        r = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+      res[kind][layout] = r
+      msg = f"{r['median_ms']:9.2f} ms" if "median_ms" in r else f"FAILED {r['error']}"
+      print(f"  {label:>12} peer {kind:>5} {layout:>10}: {msg}", file=log, flush=True)
+      gc.collect()
+  return res
+
+
+def _best(*results) -> float | None:
+  times = [r["median_ms"] for r in results if "median_ms" in r]
+  return min(times) if times else None
 
 
 def _ms(x: float | None) -> str:
@@ -421,6 +469,36 @@ def format_table(result: Mapping[str, Any]) -> str:
     for layout in ("layerwise", "fused")
     if "error" in row[layout]
   ]
+  with_peers = [row for row in result["rows"] if "peers" in row]
+  if with_peers:
+    lines += [
+      "",
+      "naive-JAX peers (``peers.py``), same process; per tensor = one jit over the "
+      "list of tensors. Ratio = best gradcomp / best peer doing the same work "
+      "(the peer with error feedback where gradcomp's row has it; < 1: gradcomp "
+      "faster).",
+      "",
+      "| compressor | gradcomp layer-wise / fused | peer per tensor / one buffer "
+      "| peer + EF per tensor / one buffer | best gradcomp / best peer |",
+      "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for row in with_peers:
+      p = row["peers"]
+      pair = [
+        " / ".join(
+          _ms(q[lay].get("median_ms")) or "error"
+          for lay in ("per_tensor", "one_buffer")
+        )
+        if q
+        else "—"
+        for q in (p.get("plain"), p.get("ef"))
+      ]
+      ours = _best(row["layerwise"], row["fused"])
+      same = p.get("ef") or p["plain"]
+      theirs = _best(same["per_tensor"], same["one_buffer"])
+      ratio = "" if ours is None or theirs is None else f"{ours / theirs:.2f}"
+      gcs = " / ".join(_ms(row[lay].get("median_ms")) for lay in ("layerwise", "fused"))
+      lines.append(f"| {row['label']} | {gcs} | {pair[0]} | {pair[1]} | {ratio} |")
   if errors:
     lines += ["", "errors:"] + [f"- {lbl} ({lay}): {err}" for lbl, lay, err in errors]
   return "\n".join(lines)
