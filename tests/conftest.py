@@ -7,3 +7,31 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+
+def pytest_collection_modifyitems(config, items):
+  """Makes ``--dist loadgroup`` keep each ``xdist_group`` on one worker again.
+
+  pytest-xdist (3.8) groups tests by appending ``@<group>`` to each marked
+  item's node id in the worker, by assigning ``item._nodeid``; pytest 9.2
+  derives ``nodeid`` from a structured ``item._id`` instead, so the suffix is
+  lost and every test is scheduled on its own (pytest-dev/pytest-xdist#1386):
+  the module fixtures of grouped modules were built on both workers. This
+  sets the suffixed id where xdist's assignment no longer does; it does
+  nothing without ``--dist loadgroup``, on a pytest without ``_id`` (where
+  xdist's own assignment works) or where the suffix is already there.
+  """
+  if not getattr(config.option, "loadgroup", False):
+    return
+  try:
+    from _pytest.nodeid import NodeId
+  except ImportError:  # pytest < 9.2: xdist's own suffix takes effect
+    return
+  for item in items:
+    groups = {
+      str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+      for mark in item.iter_markers("xdist_group")
+    }
+    suffix = "@" + "_".join(sorted(groups))
+    if groups and hasattr(item, "_id") and not item.nodeid.endswith(suffix):
+      item._id = NodeId.parse(item.nodeid + suffix)

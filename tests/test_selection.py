@@ -16,6 +16,10 @@ SMALL_SAMPLE = 1 << 12
 _top_k = jax.jit(selection.top_k_magnitude, static_argnums=1)
 _sampled = jax.jit(selection._sampled_top_k, static_argnums=(1, 2))
 
+# One pytest-xdist worker runs the module, so a program compiled for one test
+# (the jitted functions above, per size, k and dtype) serves the others.
+pytestmark = pytest.mark.xdist_group("selection")
+
 
 def _check(x, k, values, indices):
   """Asserts (values, indices) is an exact magnitude top-k of x."""

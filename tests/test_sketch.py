@@ -20,6 +20,10 @@ import harness
 
 AXIS, N = harness.AXIS, harness.WORKERS
 
+# One pytest-xdist worker runs the module: the Count Sketch programs one test
+# runs eagerly or compiles (per rows, cols and size) serve the others there.
+pytestmark = pytest.mark.xdist_group("sketch")
+
 
 def numpy_count_sketch(x, rows, cols, seed):
   """Slow reference: per-coordinate buckets and signs from the same block hashes."""
