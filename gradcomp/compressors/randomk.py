@@ -15,7 +15,7 @@ import optax
 from gradcomp.compressors import checks, exchange, memory, sparse
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.spec import recorded
-from gradcomp.kernels import hashing
+from gradcomp.kernels import hashing, ordering
 
 
 def shared_indices(key: jax.Array, size: int, k: int) -> jax.Array:
@@ -68,17 +68,59 @@ def randomk(
   """
   ratio = checks.fraction("ratio", ratio)
 
+  def indices_of(x, key):
+    size = x.size
+    return shared_indices(key, size, checks.keep_count(ratio, size))
+
   def apply(x, state, key, step):
     del step
     flat = x.reshape(-1)
-    size = flat.shape[0]
-    indices = shared_indices(key, size, checks.keep_count(ratio, size))
-    mean = sparse.all_reduce_mean_at(flat, indices, axis_name)
-    return mean.reshape(x.shape), sparse.zero_at(x, indices), state
+    indices = indices_of(x, key)
+    mean = exchange.all_reduce_mean(_gather(flat, indices), axis_name)
+    out = _scatter_into_zeros(mean, indices, flat.shape[0], after=mean)
+    return out.reshape(x.shape), sparse.zero_at(x, indices), state
+
+  def apply_with_memory(g, state, key, step):
+    del step
+    flat_g, flat_r = g.reshape(-1), state.residual.reshape(-1)
+    indices = indices_of(g, key)
+    # memory.py's policy (drop this gradient when r + g is not finite), in
+    # place: k values gathered from r and g, then e = r + g written over r
+    # with the sent coordinates zeroed, then the output scattered into
+    # zeros. The dependencies (kernels/ordering.py) order each write after
+    # the last read of the buffer it reuses, so XLA copies no full-size
+    # buffer: 3 passes (the check, e, the output's zero fill) where the
+    # generic memory.error_feedback took 7 (BUILD_NOTES, issue 18).
+    ok = memory.all_finite(flat_r + flat_g)
+    local = _gather(flat_r, indices) + jnp.where(ok, _gather(flat_g, indices), 0.0)
+    ok = ok & (ordering.zero_after(local) == 0.0)  # e after the gathers
+    residual = (flat_r + jnp.where(ok, flat_g, 0.0)).at[indices].set(0.0, mode="drop")
+    # The all-reduce waits for the residual, so the output's zero fill (which
+    # follows the mean) comes after the last read of g: it can take g's buffer.
+    local = local + ordering.zero_after(residual)
+    mean = exchange.all_reduce_mean(local, axis_name)
+    out = _scatter_into_zeros(mean, indices, flat_g.shape[0], after=mean)
+    residual = residual.reshape(g.shape)
+    return out.reshape(g.shape), residual, memory.ErrorFeedbackState(residual, ())
 
   codec = LeafCodec(stateless_init, apply)
-  return leafwise(
-    memory.maybe_error_feedback(codec, error_feedback),
-    seed=seed,
-    agree_key_over=axis_name,
-  )
+  if error_feedback:
+    codec = LeafCodec(memory.error_feedback(codec).init, apply_with_memory)
+  return leafwise(codec, seed=seed, agree_key_over=axis_name)
+
+
+def _gather(flat: jax.Array, indices: jax.Array) -> jax.Array:
+  return flat.at[indices].get(mode="fill", fill_value=0.0)
+
+
+def _scatter_into_zeros(
+  values: jax.Array, indices: jax.Array, size: int, *, after: jax.Array
+) -> jax.Array:
+  """Dense ``size`` zeros with ``values`` at ``indices``, filled after ``after``.
+
+  The zero fill depends on ``after`` (``ordering.zero_after``), so XLA can
+  write it into a buffer whose last read ``after`` follows (the gradient's).
+  ``after`` must be replicated where the output must be (the all-reduced mean).
+  """
+  zeros = jnp.full((size,), ordering.zero_after(after), jnp.float32)
+  return zeros.at[indices].set(values, mode="drop")
