@@ -28,7 +28,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from gradcomp.kernels import hashing
+from gradcomp.kernels import hashing, ordering
 from gradcomp.parallel import branches, mixing
 
 
@@ -254,5 +254,7 @@ def scatter_mean(values, indices, size: int, n: int) -> jax.Array:
   applied to the ``n * k`` values, not to the ``size`` outputs.
   """
   scaled = values.reshape(-1).astype(jnp.float32) * (1.0 / n)
-  dense = jnp.zeros((size,), jnp.float32)
+  # Zero-filled after the payload arrives (kernels/ordering.py), so that XLA
+  # may fill a dead buffer (the gradient's) instead of fresh memory.
+  dense = jnp.full((size,), ordering.zero_after(scaled), jnp.float32)
   return dense.at[indices.reshape(-1)].add(scaled, mode="drop")

@@ -64,6 +64,17 @@ def _unit_columns(q: jax.Array) -> jax.Array:
   return q / scale / jnp.where(root > 0, root, 1.0)
 
 
+def _transposed_product(m: jax.Array, p: jax.Array) -> jax.Array:
+  """``m.T @ p`` for a thin ``p`` (rank columns), as a fused multiply-reduce.
+
+  XLA:CPU's dot contracting ``m``'s rows ran 8x slower than ``m @ q`` on a
+  (4608, 512) matrix at rank 4 (1.84 vs 0.23 ms); the broadcast product
+  summed over the rows reads ``m`` once in 0.49 ms (BUILD_NOTES, issue 18).
+  The same products are added, in another order.
+  """
+  return jnp.sum(m[:, :, None] * p[:, None, :], axis=0)
+
+
 def _headroom(size: int) -> float:
   """``2**-k`` for the smallest ``k`` with ``2**k >= sqrt(size)``."""
   return 2.0 ** -math.ceil(math.log2(max(size, 1)) / 2)
@@ -97,7 +108,8 @@ def powersgd_codec(rank: int, axis_name: exchange.AxisName) -> LeafCodec:
     m = _as_matrix(x)
     p = exchange.all_reduce_mean(m @ (_unit_columns(state.q) * down_p), axis_name)
     p = _orthonormal_columns(p)
-    q = exchange.all_reduce_mean(m.T @ (p * down_q), axis_name) * (1.0 / down_q)
+    q = exchange.all_reduce_mean(_transposed_product(m, p * down_q), axis_name)
+    q = q * (1.0 / down_q)
     # Saturating the small factor bounds every entry of P Q^T by max / 2.
     limit = numerics.FLOAT32_MAX / (2 * math.sqrt(rank))
     q = jnp.clip(q, -limit, limit)
