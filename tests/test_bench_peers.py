@@ -75,3 +75,51 @@ def test_error_feedback_conserves_mass(label):
     total = sum((t + 1) * np.asarray(x, np.float64) for t in range(steps))
     bound = 4 * steps * np.finfo(np.float32).eps * np.abs(total).max() * steps
     np.testing.assert_allclose(sent + np.asarray(residuals[i]), total, atol=bound)
+
+
+def test_dgc_peer_sends_at_most_k_and_clears_what_it_sent():
+  xs, outs, state = _run("dgc", False)
+  (u, v) = state[2][0]
+  out = np.asarray(outs[0][0])
+  sent = out != 0
+  assert 0 < sent.sum() <= peers._keep(xs[0], 0.01)
+  # Momentum-factor masking: u and v are zero where a value was sent, and
+  # what was sent is the velocity (u = v = x on the first step).
+  assert np.all(np.asarray(u)[sent] == 0) and np.all(np.asarray(v)[sent] == 0)
+  np.testing.assert_array_equal(out[sent], np.asarray(xs[0])[sent])
+
+
+def _timed(ms):
+  return {"median_ms": ms, "compile_ms": 1.0}
+
+
+def test_table_ratio_takes_the_best_peer_doing_the_same_work():
+  from gradcomp.bench import compress
+
+  row = {
+    "label": "randomk",
+    "layerwise": _timed(40.0),
+    "fused": _timed(20.0),
+    # Plain peers are faster but skip error feedback: not the same work.
+    "peers": {
+      "plain": {"per_tensor": _timed(1.0), "one_buffer": _timed(1.0)},
+      "ef": {"per_tensor": _timed(50.0), "one_buffer": _timed(80.0)},
+    },
+    "torch_peers": {
+      "plain": {"per_tensor": _timed(1.0), "one_buffer": _timed(1.0)},
+      "ef": {"per_tensor": _timed(25.0), "one_buffer": {"error": "x"}},
+    },
+  }
+  result = {
+    "model": "m",
+    "num_tensors": 2,
+    "num_params": 10,
+    "repeats": 1,
+    "copy_bandwidth_gbps": 1.0,
+    "machine": {"backend": "cpu", "device_kind": "cpu", "cpu_count": 2},
+    "rows": [{**row, "floor_ms": 1.0, "paper_v100_ms": None}],
+  }
+  result["machine"]["jax_version"] = "x"
+  line = [x for x in compress.format_table(result).splitlines() if "| randomk |" in x]
+  # The peer table's row: best gradcomp 20 over best same-work peer 25.
+  assert line[-1].endswith("| 25.0 / error | 0.80 |"), line[-1]

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradcomp.bench import peers, timing
+from gradcomp.bench import peers, timing, torch_peers
 from gradcomp.bench.output import write_json
 from gradcomp.models import shapes as shapes_lib
 
@@ -333,9 +333,14 @@ def run(
   With ``with_peers``, the naive-JAX peer of each row that has one
   (``peers.PEERS``) is timed in the same process, per tensor (one jit over the
   list of tensors) and on the one buffer, without error feedback and, where
-  gradcomp's row has it, with it; ``row["peers"]`` holds those times.
+  gradcomp's row has it, with it; ``row["peers"]`` holds those times. Where
+  PyTorch is installed (``torch_peers.py``; not a gradcomp dependency), its
+  peers are timed the same way into ``row["torch_peers"]``.
   """
   configs = select(only)
+  with_torch = with_peers and torch_peers.available()
+  if with_peers and not with_torch:
+    print("# PyTorch is not installed: its peers are not timed", file=log)
   shape_list = shapes_lib.MODELS[model]()
   d = shapes_lib.total_size(shape_list)
   t_start = time.perf_counter()
@@ -380,6 +385,10 @@ def run(
       gc.collect()
     if with_peers and cfg.label in peers.PEERS:
       row["peers"] = _time_peers(cfg.label, layer, fused, repeats, warmup, log)
+      if with_torch and cfg.label in torch_peers.LABELS:
+        row["torch_peers"] = _time_peers(
+          cfg.label, layer, fused, repeats, warmup, log, torch=True
+        )
     rows.append(row)
   result = {
     "suite": "compress",
@@ -400,9 +409,20 @@ def run(
   return result
 
 
-def _time_peers(label, layer, fused, repeats, warmup, log) -> dict[str, Any]:
-  """``{"plain" | "ef": {"per_tensor" | "one_buffer": result}}`` of one peer."""
+def _time_peers(
+  label, layer, fused, repeats, warmup, log, torch: bool = False
+) -> dict[str, Any]:
+  """``{"plain" | "ef": {"per_tensor" | "one_buffer": result}}`` of one peer.
+
+  The naive-JAX peer, or with ``torch`` the PyTorch one (on NumPy copies).
+  """
   has_ef = peers.PEERS[label][2]
+  if torch:
+    layer = {k: np.asarray(v) for k, v in layer.items()}
+    fused = {k: np.asarray(v) for k, v in fused.items()}
+    timer, who = torch_peers.time_peer, "torch"
+  else:
+    timer, who = time_peer, "peer"
   res: dict[str, Any] = {}
   for ef in (False, True) if has_ef else (False,):
     kind = "ef" if ef else "plain"
@@ -412,12 +432,12 @@ def _time_peers(label, layer, fused, repeats, warmup, log) -> dict[str, Any]:
       ("one_buffer", list(fused.values())),
     ):
       try:
-        r = time_peer(label, ef, tensors, repeats=repeats, warmup=warmup)
+        r = timer(label, ef, tensors, repeats=repeats, warmup=warmup)
       except Exception as e:  # noqa: BLE001  (report, keep going)
         r = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
       res[kind][layout] = r
       msg = f"{r['median_ms']:9.2f} ms" if "median_ms" in r else f"FAILED {r['error']}"
-      print(f"  {label:>12} peer {kind:>5} {layout:>10}: {msg}", file=log, flush=True)
+      print(f"  {label:>12} {who} {kind:>5} {layout:>10}: {msg}", file=log, flush=True)
       gc.collect()
   return res
 
@@ -473,32 +493,39 @@ def format_table(result: Mapping[str, Any]) -> str:
   if with_peers:
     lines += [
       "",
-      "naive-JAX peers (``peers.py``), same process; per tensor = one jit over the "
-      "list of tensors. Ratio = best gradcomp / best peer doing the same work "
-      "(the peer with error feedback where gradcomp's row has it; < 1: gradcomp "
-      "faster).",
+      "peers, same process: naive JAX (``peers.py``; per tensor = one jit over "
+      "the list of tensors) and, where installed, PyTorch eager "
+      "(``torch_peers.py``; per tensor = a loop over the tensors); "
+      "``+ EF`` = with error feedback. Ratio = best gradcomp / best peer doing "
+      "the same work (the peers with error feedback where gradcomp's row has "
+      "it; < 1: gradcomp faster).",
       "",
-      "| compressor | gradcomp layer-wise / fused | peer per tensor / one buffer "
-      "| peer + EF per tensor / one buffer | best gradcomp / best peer |",
-      "| --- | ---: | ---: | ---: | ---: |",
+      "| compressor | gradcomp layer-wise / fused | JAX per tensor / one buffer "
+      "| JAX + EF | PyTorch per tensor / one buffer | PyTorch + EF "
+      "| best gradcomp / best peer |",
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in with_peers:
-      p = row["peers"]
-      pair = [
-        " / ".join(
-          _ms(q[lay].get("median_ms")) or "error"
-          for lay in ("per_tensor", "one_buffer")
-        )
-        if q
-        else "—"
-        for q in (p.get("plain"), p.get("ef"))
-      ]
+      cells, same_work = [], []
+      for p in (row["peers"], row.get("torch_peers")):
+        for kind in ("plain", "ef"):
+          q = (p or {}).get(kind)
+          cells.append(
+            " / ".join(
+              _ms(q[lay].get("median_ms")) or "error"
+              for lay in ("per_tensor", "one_buffer")
+            )
+            if q
+            else "—"
+          )
+        if p:
+          same = p.get("ef") or p["plain"]
+          same_work += [same["per_tensor"], same["one_buffer"]]
       ours = _best(row["layerwise"], row["fused"])
-      same = p.get("ef") or p["plain"]
-      theirs = _best(same["per_tensor"], same["one_buffer"])
+      theirs = _best(*same_work)
       ratio = "" if ours is None or theirs is None else f"{ours / theirs:.2f}"
       gcs = " / ".join(_ms(row[lay].get("median_ms")) for lay in ("layerwise", "fused"))
-      lines.append(f"| {row['label']} | {gcs} | {pair[0]} | {pair[1]} | {ratio} |")
+      lines.append(f"| {row['label']} | {gcs} | {' | '.join(cells)} | {ratio} |")
   if errors:
     lines += ["", "errors:"] + [f"- {lbl} ({lay}): {err}" for lbl, lay, err in errors]
   return "\n".join(lines)

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from gradcomp.compressors import exchange
+from gradcomp.kernels import ordering
 
 
 def gather_mean(
@@ -45,6 +46,15 @@ def all_reduce_mean_at(
   return jnp.zeros((size,), jnp.float32).at[indices].set(values, mode="drop")
 
 
-def zero_at(x: jax.Array, indices: jax.Array) -> jax.Array:
-  """``x`` with the coordinates ``indices`` of its flat view set to zero."""
+def zero_at(
+  x: jax.Array, indices: jax.Array, *, after: jax.Array | None = None
+) -> jax.Array:
+  """``x`` with the coordinates ``indices`` of its flat view set to zero.
+
+  ``after``: the values gathered from ``x`` at ``indices``. The in-place
+  zeroing then waits for that gather (``kernels/ordering.py``); without the
+  dependency XLA copies ``x`` first (top-k: one gradient-sized copy a call).
+  """
+  if after is not None:
+    indices = indices + ordering.zero_after(after).astype(indices.dtype)
   return x.reshape(-1).at[indices].set(0.0, mode="drop").reshape(x.shape)
