@@ -42,16 +42,12 @@ test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
-# Benchmarks use jemalloc when the system has it (apt-get install libjemalloc2):
-# glibc returns every 100 MB buffer to the OS, and re-faulting its pages costs
-# tens of ms per call on CPU (BUILD_NOTES.md, "allocator").
-, := ,
-JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
-BENCH_ENV := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1$(,)retain:true)
-
+# Benchmarks run on the allocator a user's process has (glibc): the
+# compressors write into donated buffers rather than fresh 100 MB temporaries
+# (BUILD_NOTES.md, issue 18), so no preloaded allocator is needed.
 bench: $(STAMP)
-	$(BENCH_ENV) $(PY) -m gradcomp.bench compress
-	$(BENCH_ENV) $(PY) -m gradcomp.bench sketch
+	$(PY) -m gradcomp.bench compress
+	$(PY) -m gradcomp.bench sketch
 
 clean:
 	rm -rf $(VENV) .lock-venv bench_out workdirs .pytest_cache

@@ -223,3 +223,38 @@ def test_threshold_top_k_pads_when_few_pass():
   sent = np.zeros_like(x)
   np.add.at(sent, np.asarray(indices)[used], np.asarray(values)[used])
   assert np.all((sent == 0) | (sent == x))
+
+
+def _numpy_threshold_top_k(x, k, sample_size):
+  """DGC's selection, from its definition (selection.threshold_top_k)."""
+  d = x.size
+  stride = -(-d // min(sample_size, d))
+  sample = np.sort(np.abs(x[::stride]))[::-1]
+  threshold = sample[max(1, round(sample.size * k / d)) - 1]
+  capacity = min(d, int(np.ceil(1.25 * k)) + 64)
+  candidates = np.flatnonzero(np.abs(x) >= threshold)
+  count = candidates.size
+  candidates = candidates[:capacity]
+  if candidates.size > k:  # the k largest magnitudes, in position order
+    keep = np.sort(np.argsort(-np.abs(x[candidates]), kind="stable")[:k])
+    candidates = candidates[keep]
+  return candidates, count
+
+
+def test_threshold_top_k_matches_numpy_with_few_and_many_candidates():
+  # Distinct magnitudes (no ties). Across the seeds the sampled threshold lets
+  # both fewer and more than k candidates through (asserted), the two
+  # branches of the selection.
+  select = jax.jit(selection.threshold_top_k, static_argnums=(1, 2))
+  k, sample_size = 400, 2_000
+  regimes = set()
+  for seed in range(6):
+    x = np.random.default_rng(seed).standard_normal(40_000).astype(np.float32)
+    expected, count = _numpy_threshold_top_k(x, k, sample_size)
+    values, indices = select(jnp.asarray(x), k, sample_size)
+    indices, values = np.asarray(indices), np.asarray(values)
+    used = indices < x.size
+    np.testing.assert_array_equal(np.sort(indices[used]), expected)
+    np.testing.assert_array_equal(values[used], x[indices[used]])
+    regimes.add(count > k)
+  assert regimes == {True, False}

@@ -21,6 +21,10 @@ write them and as ``PERFORMANCE_NOTES.md``'s naive-JAX column measured:
 * QSGD uses buckets of 512 like gradcomp's default; PowerSGD (rank 4) passes
   1-D tensors through uncompressed, as PyTorch's ``powerSGD_hook`` does, and
   treats a 1-D buffer like gradcomp, as a zero-padded near-square matrix;
+* signSGD and EF-signSGD send packed sign bits (``jnp.packbits``, 1 bit per
+  value, +1 for zero) and unpack them, as gradcomp's payload does; a bare
+  ``jnp.sign(x)`` is one fused pass that leaves no payload (BUILD_NOTES,
+  issue 18, has both);
 * random numbers come from the default PRNG, one key per tensor per step.
 """
 
@@ -96,14 +100,21 @@ def terngrad(x, leaf_state, key):
   return s * jnp.sign(x) * b, leaf_state
 
 
+def _sign_bits(x):
+  """``x`` through a 1-bit wire payload: packed signs, unpacked to +-1."""
+  bits = jnp.packbits(x.ravel() >= 0)  # the payload: d / 8 bytes
+  signs = jnp.unpackbits(bits, count=x.size).astype(jnp.float32) * 2 - 1
+  return signs.reshape(x.shape)
+
+
 def signsgd(x, leaf_state, key):
   del key
-  return jnp.sign(x), leaf_state
+  return _sign_bits(x), leaf_state
 
 
 def scaled_sign(x, leaf_state, key):
   del key
-  return jnp.mean(jnp.abs(x)) * jnp.sign(x), leaf_state
+  return jnp.mean(jnp.abs(x)) * _sign_bits(x), leaf_state
 
 
 def fp16(x, leaf_state, key):

@@ -30,8 +30,8 @@ plan (``layerwise``, ``single``, ``auto``):
   ``plan="auto"``, which plans for a nominal 20 Gbps cluster. When it equals
   the layer-wise or single plan, the same compiled step is reused.
 
-Default run (``python -m gradcomp.bench step``, with jemalloc as in the
-Makefile's ``bench``): ResNet-20 at Table 3's global batch 128 (16 per
+Default run (``python -m gradcomp.bench step``; the figures below were
+once taken with jemalloc preloaded, issue 18's with glibc): ResNet-20 at Table 3's global batch 128 (16 per
 device), plans ``layerwise`` and ``auto``, 5 repeats, and
 :data:`DEFAULT_COMPRESSORS`, one per family: ``none`` (measured anyway: it
 calibrates), ``fp16``, ``topk``, ``signsgd``, ``powersgd``, ``sketch_topk``.

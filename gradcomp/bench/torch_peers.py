@@ -9,7 +9,8 @@ gradient. Error feedback, where gradcomp's row has it, is the obvious
 recipe: 1-D tensors pass uncompressed, the others are viewed as
 ``(-1, last dim)`` matrices (a 1-D buffer as a zero-padded near-square
 matrix, as gradcomp does), ``P = M Q``, ``P`` orthonormalised by QR,
-``Q = M^T P``, output ``P Q^T``, ``Q`` kept as the warm start.
+``Q = M^T P``, output ``P Q^T``, ``Q`` kept as the warm start. The sign
+codecs send packed sign bits (8 per byte) and unpack them.
 
 PyTorch is not a dependency of gradcomp: ``pip install torch`` (the CPU
 build; BUILD_NOTES says which) makes ``python -m gradcomp.bench compress``
@@ -89,11 +90,21 @@ def _algorithms(torch) -> dict[str, tuple[Callable, Callable]]:
     keep = torch.rand_like(x) * m < x.abs()
     return m * x.sign() * keep, s
 
+  shifts = torch.arange(7, -1, -1, dtype=torch.uint8)
+
+  def sign_bits(x):
+    """``x`` through packed sign bits (the 1-bit payload), back to +-1."""
+    flat = (x.reshape(-1) >= 0).to(torch.uint8)
+    flat = torch.nn.functional.pad(flat, (0, -flat.numel() % 8))
+    bits = (flat.view(-1, 8) << shifts).sum(dim=1, dtype=torch.uint8)
+    signs = ((bits[:, None] >> shifts) & 1).reshape(-1)[: x.numel()]
+    return (signs.float() * 2 - 1).view_as(x)
+
   def signsgd(x, s, alone):
-    return x.sign(), s
+    return sign_bits(x), s
 
   def scaled_sign(x, s, alone):
-    return x.abs().mean() * x.sign(), s
+    return x.abs().mean() * sign_bits(x), s
 
   def fp16(x, s, alone):
     return x.half().float(), s
@@ -156,7 +167,7 @@ def time_peer(
 
   torch.manual_seed(1)
   fn, leaf_init = _algorithms(torch)[label]
-  sources = [torch.from_numpy(np.asarray(t, np.float32)) for t in tensors]
+  sources = [torch.from_numpy(np.array(t, np.float32)) for t in tensors]
   alone = len(sources) == 1
   states = [leaf_init(x, alone) for x in sources]
   residuals = [torch.zeros_like(x) for x in sources] if error_feedback else None

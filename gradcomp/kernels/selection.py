@@ -269,8 +269,18 @@ def threshold_top_k(
   cand_values = x[cand]
   valid = jnp.arange(capacity) < count
   cand_keys = jnp.where(valid, _magnitude_keys(cand_values), -1)
-  chosen = _exact_select(cand_keys, k)
+
+  def k_largest():
+    chosen = _exact_select(cand_keys, k)
+    return cand_values[chosen], cand[chosen]
+
+  def all_of_them():
+    # At most k passed: the exact selection would keep every candidate, in
+    # the same (increasing) order; skipping it saves ~4 ms on 25.6M values.
+    return cand_values[:k], cand[:k]
+
+  chosen_values, chosen = lax.cond(count > k, k_largest, all_of_them)
   # With fewer than k candidates, the slots past them are arbitrary positions.
   used = jnp.arange(k) < jnp.minimum(count, capacity)
-  values = jnp.where(used, cand_values[chosen], 0)
-  return values, jnp.where(used, cand[chosen], d)
+  values = jnp.where(used, chosen_values, 0)
+  return values, jnp.where(used, chosen, d)
