@@ -12,7 +12,8 @@ matrix, as gradcomp does), ``P = M Q``, ``P`` orthonormalised by QR,
 ``Q = M^T P``, output ``P Q^T``, ``Q`` kept as the warm start. The sign
 codecs send packed sign bits (8 per byte) and unpack them.
 
-PyTorch is not a dependency of gradcomp: ``pip install torch`` (the CPU
+On a GPU (when JAX runs on one) the tensors live on it and each call ends
+with ``torch.cuda.synchronize()``. PyTorch is not a dependency of gradcomp: ``pip install torch`` (the CPU
 build; BUILD_NOTES says which) makes ``python -m gradcomp.bench compress``
 time these beside its own rows; without it the suite says so and goes on.
 Each timed call gets fresh copies of the gradients, made before the clock
@@ -44,7 +45,7 @@ def _keep(n: int, ratio: float) -> int:
   return max(1, math.ceil(ratio * n))
 
 
-def _algorithms(torch) -> dict[str, tuple[Callable, Callable]]:
+def _algorithms(torch, device="cpu") -> dict[str, tuple[Callable, Callable]]:
   """label -> (fn(x, leaf_state, alone) -> (out, leaf_state), init(x, alone))."""
 
   def topk(x, s, alone, ratio=0.01):
@@ -56,7 +57,7 @@ def _algorithms(torch) -> dict[str, tuple[Callable, Callable]]:
 
   def randomk(x, s, alone, ratio=0.01):
     flat = x.reshape(-1)
-    idx = torch.randint(0, flat.numel(), (_keep(flat.numel(), ratio),))
+    idx = torch.randint(0, flat.numel(), (_keep(flat.numel(), ratio),), device=device)
     out = torch.zeros_like(flat)
     out[idx] = flat[idx]
     return out.view_as(x), s
@@ -67,7 +68,8 @@ def _algorithms(torch) -> dict[str, tuple[Callable, Callable]]:
     v.add_(u)
     flat = v.reshape(-1)
     n = flat.numel()
-    sample = flat[torch.randint(0, n, (max(1, math.ceil(sample_ratio * n)),))].abs()
+    size = (max(1, math.ceil(sample_ratio * n)),)
+    sample = flat[torch.randint(0, n, size, device=device)].abs()
     thr = torch.topk(sample, _keep(sample.numel(), ratio), sorted=False).values.min()
     idx = (flat.abs() >= thr).nonzero().reshape(-1)[: _keep(n, ratio)]
     out = torch.zeros_like(flat)
@@ -90,7 +92,7 @@ def _algorithms(torch) -> dict[str, tuple[Callable, Callable]]:
     keep = torch.rand_like(x) * m < x.abs()
     return m * x.sign() * keep, s
 
-  shifts = torch.arange(7, -1, -1, dtype=torch.uint8)
+  shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=device)
 
   def sign_bits(x):
     """``x`` through packed sign bits (the 1-bit payload), back to +-1."""
@@ -135,7 +137,8 @@ def _algorithms(torch) -> dict[str, tuple[Callable, Callable]]:
       cols = -(-x.numel() // (math.isqrt(x.numel() - 1) + 1))
     else:
       return None
-    return torch.randn(cols, rank, generator=torch.Generator().manual_seed(0))
+    q = torch.randn(cols, rank, generator=torch.Generator().manual_seed(0))
+    return q.to(device)
 
   return {
     "fp16": (fp16, no_state),
@@ -166,8 +169,9 @@ def time_peer(
   import torch  # noqa: PLC0415  (optional: not a gradcomp dependency)
 
   torch.manual_seed(1)
-  fn, leaf_init = _algorithms(torch)[label]
-  sources = [torch.from_numpy(np.array(t, np.float32)) for t in tensors]
+  device = "cuda" if _on_gpu() and torch.cuda.is_available() else "cpu"
+  fn, leaf_init = _algorithms(torch, device)[label]
+  sources = [torch.from_numpy(np.array(t, np.float32)).to(device) for t in tensors]
   alone = len(sources) == 1
   states = [leaf_init(x, alone) for x in sources]
   residuals = [torch.zeros_like(x) for x in sources] if error_feedback else None
@@ -186,8 +190,12 @@ def time_peer(
   times = []
   for i in range(1 + warmup + repeats):
     xs = [x.clone() for x in sources]
+    if device == "cuda":
+      torch.cuda.synchronize()
     t0 = time.perf_counter()
     outs = call(xs)
+    if device == "cuda":
+      torch.cuda.synchronize()
     elapsed = (time.perf_counter() - t0) * 1e3
     del outs, xs  # released after the clock stops
     if i > warmup:
@@ -198,4 +206,12 @@ def time_peer(
     "times_ms": times,
     "torch_version": torch.__version__,
     "threads": torch.get_num_threads(),
+    "device": device,
   }
+
+
+def _on_gpu() -> bool:
+  """Whether JAX runs on a GPU here: the PyTorch peers then run on it too."""
+  import jax  # noqa: PLC0415
+
+  return jax.default_backend() == "gpu"
