@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AbstractMesh
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from gradcomp.parallel.wire import COLLECTIVES as KINDS
 from gradcomp.parallel.workers import add_worker_axis, sharded_update
@@ -70,9 +71,17 @@ def traced_collectives(tx, tree, axis_name: str, workers: int):
   rounds; ``wire.wire_bytes`` reads the same from the compiled HLO.
   """
   mesh = AbstractMesh((workers,), (axis_name,))
+  # Typed as sharded over the workers, as shard_map's in_specs say (JAX 0.11
+  # checks the arguments' shardings against them, also when only tracing).
+  sharded = NamedSharding(mesh, P(axis_name))
+
+  def per_worker(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharded)
+
   state = jax.eval_shape(lambda: add_worker_axis(tx.init(tree), workers))
+  state = jax.tree.map(per_worker, state)
   grads = jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct((workers, *x.shape), x.dtype), tree
+    lambda x: per_worker(jax.ShapeDtypeStruct((workers, *x.shape), x.dtype)), tree
   )
   f = sharded_update(tx, mesh, axis_name)
   totals = {k: [0, 0] for k in KINDS}
