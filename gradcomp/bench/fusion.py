@@ -115,6 +115,10 @@ def calibrate_cluster(
       f"sizes must be at least two distinct positive sizes, got {sizes!r}"
     )
   n = mesh.devices.size
+  if n == 1:
+    # One device exchanges nothing: every collective is free, whatever the
+    # link (a lent single GPU). Nothing to fit.
+    return gradcomp.Cluster(1, latency_us=0.0, overlap=False), []
   rows, targets, samples = [], [], []
   for kind in ("all-reduce", "all-gather"):
     for size in sizes:
