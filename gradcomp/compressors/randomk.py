@@ -89,8 +89,9 @@ def randomk(
     # with the sent coordinates zeroed, then the output scattered into
     # zeros. The dependencies (kernels/ordering.py) order each write after
     # the last read of the buffer it reuses, so XLA copies no full-size
-    # buffer: 3 passes (the check, e, the output's zero fill) where the
-    # generic memory.error_feedback took 7 (BUILD_NOTES, issue 18).
+    # buffer: 3 full passes (the check, e, the output's zero fill); with the
+    # generic memory.error_feedback XLA also copied e and the output and
+    # zero-filled fresh memory (BUILD_NOTES, issue 18).
     ok = memory.all_finite(flat_r + flat_g)
     local = _gather(flat_r, indices) + jnp.where(ok, _gather(flat_g, indices), 0.0)
     ok = ok & (ordering.zero_after(local) == 0.0)  # e after the gathers
