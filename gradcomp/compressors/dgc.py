@@ -21,7 +21,7 @@ from gradcomp.compressors import checks, exchange, sparse
 from gradcomp.compressors.base import LeafCodec, leafwise
 from gradcomp.compressors.memory import all_finite
 from gradcomp.compressors.spec import recorded
-from gradcomp.kernels import numerics
+from gradcomp.kernels import numerics, ordering
 from gradcomp.kernels.selection import threshold_top_k
 
 MIN_SAMPLE = 1024
@@ -70,7 +70,11 @@ def dgc_codec(
     old_u, old_v = state.momentum.reshape(-1), state.velocity.reshape(-1)
     u = momentum * old_u + g
     # Non-finite policy of memory.py: drop this gradient, send the memory.
-    finite = all_finite(old_v + u)
+    # The check computes u again, with a momentum XLA cannot merge with the
+    # constant (the same value, +0.0): sharing u made XLA write it to memory
+    # for the check and read it back in u's pass (one extra pass).
+    m_check = momentum + ordering.zero_after(old_u)
+    finite = all_finite(old_v + (m_check * old_u + g))
     # u is written over the old momentum, then v = old_v + u over the old
     # velocity, both in place (each pass is the last to read what it
     # overwrites); XLA wrote u, v and the output to fresh memory when v was
