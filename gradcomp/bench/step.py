@@ -31,8 +31,8 @@ plan (``layerwise``, ``single``, ``auto``):
   the layer-wise or single plan, the same compiled step is reused.
 
 Default run (``python -m gradcomp.bench step``; the figures below were
-once taken with jemalloc preloaded, issue 18's with glibc): ResNet-20 at Table 3's global batch 128 (16 per
-device), plans ``layerwise`` and ``auto``, 5 repeats, and
+once taken with jemalloc preloaded, issue 18's with glibc): ResNet-20 at
+Table 3's global batch 128 (16 per device), plans ``layerwise`` and ``auto``, 5 repeats, and
 :data:`DEFAULT_COMPRESSORS`, one per family: ``none`` (measured anyway: it
 calibrates), ``fp16``, ``topk``, ``signsgd``, ``powersgd``, ``sketch_topk``.
 Compiling dominates: 4-60 s per step program on 2 cores, slowest for the

@@ -74,11 +74,9 @@ def randomk(
 
   def apply(x, state, key, step):
     del step
-    flat = x.reshape(-1)
     indices = indices_of(x, key)
-    mean = exchange.all_reduce_mean(_gather(flat, indices), axis_name)
-    out = _scatter_into_zeros(mean, indices, flat.shape[0], after=mean)
-    return out.reshape(x.shape), sparse.zero_at(x, indices), state
+    mean = sparse.all_reduce_mean_at(x.reshape(-1), indices, axis_name)
+    return mean.reshape(x.shape), sparse.zero_at(x, indices), state
 
   def apply_with_memory(g, state, key, step):
     del step
@@ -93,14 +91,15 @@ def randomk(
     # generic memory.error_feedback XLA also copied e and the output and
     # zero-filled fresh memory (BUILD_NOTES, issue 18).
     ok = memory.all_finite(flat_r + flat_g)
-    local = _gather(flat_r, indices) + jnp.where(ok, _gather(flat_g, indices), 0.0)
+    local = sparse.gather_at(flat_r, indices)
+    local = local + jnp.where(ok, sparse.gather_at(flat_g, indices), 0.0)
     ok = ok & (ordering.zero_after(local) == 0.0)  # e after the gathers
-    residual = (flat_r + jnp.where(ok, flat_g, 0.0)).at[indices].set(0.0, mode="drop")
+    residual = sparse.zero_at(flat_r + jnp.where(ok, flat_g, 0.0), indices)
     # The all-reduce waits for the residual, so the output's zero fill (which
     # follows the mean) comes after the last read of g: it can take g's buffer.
     local = local + ordering.zero_after(residual)
     mean = exchange.all_reduce_mean(local, axis_name)
-    out = _scatter_into_zeros(mean, indices, flat_g.shape[0], after=mean)
+    out = sparse.scatter_into_zeros(mean, indices, flat_g.shape[0])
     residual = residual.reshape(g.shape)
     return out.reshape(g.shape), residual, memory.ErrorFeedbackState(residual, ())
 
@@ -108,20 +107,3 @@ def randomk(
   if error_feedback:
     codec = LeafCodec(memory.error_feedback(codec).init, apply_with_memory)
   return leafwise(codec, seed=seed, agree_key_over=axis_name)
-
-
-def _gather(flat: jax.Array, indices: jax.Array) -> jax.Array:
-  return flat.at[indices].get(mode="fill", fill_value=0.0)
-
-
-def _scatter_into_zeros(
-  values: jax.Array, indices: jax.Array, size: int, *, after: jax.Array
-) -> jax.Array:
-  """Dense ``size`` zeros with ``values`` at ``indices``, filled after ``after``.
-
-  The zero fill depends on ``after`` (``ordering.zero_after``), so XLA can
-  write it into a buffer whose last read ``after`` follows (the gradient's).
-  ``after`` must be replicated where the output must be (the all-reduced mean).
-  """
-  zeros = jnp.full((size,), ordering.zero_after(after), jnp.float32)
-  return zeros.at[indices].set(values, mode="drop")

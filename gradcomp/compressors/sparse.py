@@ -40,10 +40,25 @@ def all_reduce_mean_at(
   The indices are the same on every worker, so only the ``k`` values cross
   the wire (all-reduce). Index ``flat.size`` marks an empty slot (dropped).
   """
-  size = flat.shape[0]
-  local = flat.at[indices].get(mode="fill", fill_value=0.0)
-  values = exchange.all_reduce_mean(local, axis_name)
-  return jnp.zeros((size,), jnp.float32).at[indices].set(values, mode="drop")
+  values = exchange.all_reduce_mean(gather_at(flat, indices), axis_name)
+  return scatter_into_zeros(values, indices, flat.shape[0])
+
+
+def gather_at(flat: jax.Array, indices: jax.Array) -> jax.Array:
+  """``flat[indices]``, 0 at an empty slot (index ``flat.size``)."""
+  return flat.at[indices].get(mode="fill", fill_value=0.0)
+
+
+def scatter_into_zeros(values: jax.Array, indices: jax.Array, size: int) -> jax.Array:
+  """Dense float32 ``size`` zeros with ``values`` at ``indices`` (empty slots dropped).
+
+  The zero fill depends on ``values`` (``kernels/ordering.py``), so XLA can
+  write it into a buffer whose last read comes before ``values`` (the
+  gradient's) rather than fresh memory. Replicated ``values`` (an all-reduced
+  mean) give a replicated result.
+  """
+  zeros = jnp.full((size,), ordering.zero_after(values), jnp.float32)
+  return zeros.at[indices].set(values, mode="drop")
 
 
 def zero_at(
