@@ -8,6 +8,7 @@ import optax
 import pytest
 
 import gradcomp
+from gradcomp.compressors import memory
 from gradcomp.compressors.base import CompressorState
 from gradcomp.compressors.dgc import DGCLeafState
 from gradcomp.compressors.memory import ErrorFeedbackState
@@ -261,6 +262,35 @@ def test_ef_signsgd_first_step_is_scaled_sign():
   np.testing.assert_allclose(out, scale * np.where(x >= 0, 1, -1), rtol=5e-6)
 
 
+def test_ef_signsgd_matches_a_numpy_replay_through_nan_and_overflow():
+  """Karimireddy et al. Alg. 1 with memory.py's policy, replayed in float64.
+
+  Step 4 overflows float32 in ``r + g`` at one coordinate and step 5 holds a
+  NaN: those coordinates of g count as 0, the rest go through.
+  """
+  d, rng = 77, np.random.default_rng(15)
+  grads = [rng.standard_normal(d).astype(np.float32) for _ in range(6)]
+  grads[2][0] = grads[3][0] = 3e38  # r + g overflows at step 4
+  grads[4][5] = np.nan
+  tx = gradcomp.ef_signsgd()
+  update = jax.jit(tx.update)
+  state = tx.init({"x": jnp.zeros(d)})
+  r = np.zeros(d)
+  for g in grads:
+    out, state = update({"x": jnp.asarray(g)}, state)
+    with np.errstate(over="ignore", invalid="ignore"):
+      e = r + g.astype(np.float64)
+      e = np.where(np.isfinite(e.astype(np.float32)), e, r)
+    p = np.abs(e).mean() * np.where(e >= 0, 1.0, -1.0)
+    r = e - p
+    # Float32 rounding: e and r once each, the scale's sum of d terms.
+    bound = (d + 4) * 2.0**-24 * np.abs(e).max() * len(grads)
+    np.testing.assert_allclose(np.asarray(out["x"]), p, rtol=0, atol=bound)
+    np.testing.assert_allclose(
+      np.asarray(state.leaves["x"].residual), r, rtol=0, atol=bound
+    )
+
+
 def test_dgc_momentum_correction_and_factor_masking():
   """Two steps by hand: u = m u + g, v = v + u, send top of v, clear u and v there."""
   g1 = np.array([4.0, 1.0, 0.5, -0.2], np.float32)
@@ -317,17 +347,29 @@ def test_apply_if_finite_keeps_compressor_state_on_a_nan_step():
     lambda: gradcomp.dgc(0.1, momentum=0.0, sample_ratio=1.0),
   ],
 )
-def test_memory_drops_a_non_finite_gradient_and_loses_no_mass(factory):
-  """Applied without apply_if_finite, a NaN step sends the memory and keeps it finite."""
+def test_memory_drops_non_finite_coordinates_and_loses_no_mass(factory):
+  """Applied without apply_if_finite, NaN coordinates count as 0: what is sent
+  plus what is kept is the memory plus the rest of g."""
   tx = factory()
   good = {"x": jnp.arange(20.0).reshape(4, 5) - 7.0}
   _, state = tx.update(good, tx.init(good))
   before = residual_mean_single(state)
-  out, after = tx.update({"x": good["x"].at[0, 1].set(jnp.nan)}, state)
-  chex.assert_tree_all_finite((out, after))
-  np.testing.assert_allclose(
-    np.asarray(out["x"]) + residual_mean_single(after), before, atol=1e-5
+  out, after = tx.update(
+    {"x": good["x"].at[0, 1].set(jnp.nan).at[2, 2].set(-jnp.inf)}, state
   )
+  chex.assert_tree_all_finite((out, after))
+  kept = np.asarray(good["x"]).copy()
+  kept[0, 1] = kept[2, 2] = 0.0
+  np.testing.assert_allclose(
+    np.asarray(out["x"]) + residual_mean_single(after), before + kept, atol=1e-4
+  )
+
+
+def test_corrected_drops_exactly_the_non_finite_sums():
+  r = np.array([3e38, 1.0, -3e38, 2.0, 0.0, 5.0], np.float32)
+  g = np.array([3e38, np.nan, -1e38, np.inf, -np.inf, -4.0], np.float32)
+  want = np.array([3e38, 1.0, -3e38, 2.0, 0.0, 1.0], np.float32)
+  np.testing.assert_array_equal(memory.corrected(jnp.asarray(r), jnp.asarray(g)), want)
 
 
 def residual_mean_single(state) -> np.ndarray:

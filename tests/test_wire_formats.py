@@ -18,6 +18,13 @@ def test_signs_round_trip_in_one_bit(size):
   )
 
 
+@pytest.mark.parametrize("size", [1, 7, 8, 9, 1003])
+def test_sign_bytes_are_numpys_packbits(size):
+  x = np.random.default_rng(size).standard_normal(size).astype(np.float32)
+  x[: min(size, 4)] = [-0.0, np.nan, np.inf, -np.inf][: min(size, 4)]
+  np.testing.assert_array_equal(bits.pack_signs(jnp.asarray(x)), np.packbits(x >= 0))
+
+
 @pytest.mark.parametrize("size", [1, 3, 4, 5, 1001])
 def test_ternary_round_trips_in_two_bits(size):
   t = np.random.default_rng(size).integers(-1, 2, size).astype(np.float32)

@@ -17,11 +17,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp.compressors import checks, exchange, sparse
+from gradcomp.compressors import checks, exchange, memory, sparse
 from gradcomp.compressors.base import LeafCodec, leafwise
-from gradcomp.compressors.memory import all_finite
 from gradcomp.compressors.spec import recorded
-from gradcomp.kernels import numerics, ordering
+from gradcomp.kernels import numerics
 from gradcomp.kernels.selection import threshold_top_k
 
 MIN_SAMPLE = 1024
@@ -68,20 +67,16 @@ def dgc_codec(
       p, root = numerics.scaled_norm(g)
       g = jnp.where(root > c / p, g / p * (c / root), g)
     old_u, old_v = state.momentum.reshape(-1), state.velocity.reshape(-1)
-    u = momentum * old_u + g
-    # Non-finite policy of memory.py: drop this gradient, send the memory.
-    # The check computes u again, with a momentum XLA cannot merge with the
-    # constant (the same value, +0.0): sharing u made XLA write it to memory
-    # for the check and read it back in u's pass (one extra pass).
-    m_check = momentum + ordering.zero_after(old_u)
-    finite = all_finite(old_v + (m_check * old_u + g))
-    # u is written over the old momentum, then v = old_v + u over the old
-    # velocity, both in place (each pass is the last to read what it
-    # overwrites); XLA wrote u, v and the output to fresh memory when v was
-    # computed from the old momentum too (77 of 96 ms on the ResNet-50 buffer,
-    # BUILD_NOTES issue 18).
-    u = jnp.where(finite, u, old_u)
-    v = jnp.where(finite, old_v + u, old_v)
+    # memory.py's per-coordinate policy: a gradient coordinate that would
+    # make the momentum non-finite counts as 0, and a velocity coordinate
+    # that would overflow keeps its value; decided inside each pass, so no
+    # pass reads the buffers only to check them. u is written over the old
+    # momentum, then v = old_v + u over the old velocity, both in place (each
+    # pass is the last to read what it overwrites); XLA wrote u, v and the
+    # output to fresh memory when v was computed from the old momentum too
+    # (77 of 96 ms on the ResNet-50 buffer, BUILD_NOTES issue 18).
+    u = memory.corrected(momentum * old_u, g)
+    v = memory.corrected(old_v, u)
     # At least MIN_SAMPLE positions (or all): a tiny sample's quantile is noise.
     sample_size = max(MIN_SAMPLE, math.ceil(sample_ratio * size))
 
@@ -147,10 +142,11 @@ def dgc(
   when more pass the threshold. Momentum is applied here, so chain DGC with
   plain ``optax.sgd(lr)`` (no momentum).
 
-  Bad input: when ``v + u`` holds a NaN or Inf (a non-finite gradient, or a
-  velocity that overflows float32), this worker's gradient is dropped for the
-  step: ``u`` and ``v`` stay as they were and ``v`` is sent as usual (the
-  policy of ``memory.py``), so state and output stay finite. The clipping
+  Bad input, per coordinate (the policy of ``memory.py``): a gradient
+  coordinate that is NaN or Inf, or that overflows ``m u + g``, counts as 0
+  (``u = m u``), and a velocity coordinate that would overflow keeps its
+  value, so state and output stay finite; a wholly non-finite gradient is
+  dropped whole and ``v`` is sent as usual. The clipping
   norm is computed overflow-free. An output beyond a 16-bit leaf's range
   (its velocity keeps growing while unsent) saturates at the leaf dtype's
   maximum (``leafwise``).

@@ -100,8 +100,8 @@ def onebit_sgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransfor
   decoded ``e_hat``. Under LayerFusion a fused buffer is 1-D, i.e. one column
   with one pair of values.
 
-  Bad input: a NaN or Inf gradient is dropped by the error feedback
-  (``memory.py``: the memory is sent, this worker's gradient is lost), so
+  Bad input: NaN or Inf gradient coordinates are dropped by the error
+  feedback (``memory.py``: the memory keeps its value there), so
   state and output stay finite. For finite ``e`` the means are finite (each
   entry is scaled by ``1 / count`` before the column sum), ``|r_ij| <=
   max_i |e_ij|`` (an entry and its group's mean have the same sign), and each

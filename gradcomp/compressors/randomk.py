@@ -48,8 +48,8 @@ def randomk(
     S \\sim \\text{shared},\\ |S| = k,\\quad
     \\bar g_S = \\tfrac{1}{n}\\textstyle\\sum_w e_{w,S},\\quad r = e \\odot 1_{\\bar S}
 
-  Bad input: with error feedback a NaN or Inf gradient is dropped by the
-  memory (``memory.py``), so state and output stay finite; without it a NaN
+  Bad input: with error feedback NaN or Inf gradient coordinates are dropped
+  by the memory (``memory.py``), so state and output stay finite; without it a NaN
   or Inf at a chosen coordinate reaches that step's output (nothing is
   stored). Each worker divides its k values by ``n`` before the all-reduce,
   so finite values have a finite mean.
@@ -82,19 +82,19 @@ def randomk(
     del step
     flat_g, flat_r = g.reshape(-1), state.residual.reshape(-1)
     indices = indices_of(g, key)
-    # memory.py's policy (drop this gradient when r + g is not finite), in
-    # place: k values gathered from r and g, then e = r + g written over r
-    # with the sent coordinates zeroed, then the output scattered into
-    # zeros. The dependencies (kernels/ordering.py) order each write after
-    # the last read of the buffer it reuses, so XLA copies no full-size
-    # buffer: 3 full passes (the check, e, the output's zero fill); with the
-    # generic memory.error_feedback XLA also copied e and the output and
-    # zero-filled fresh memory (BUILD_NOTES, issue 18).
-    ok = memory.all_finite(flat_r + flat_g)
-    local = sparse.gather_at(flat_r, indices)
-    local = local + jnp.where(ok, sparse.gather_at(flat_g, indices), 0.0)
-    ok = ok & (ordering.zero_after(local) == 0.0)  # e after the gathers
-    residual = sparse.zero_at(flat_r + jnp.where(ok, flat_g, 0.0), indices)
+    # memory.py's per-coordinate policy, in place: k values gathered from r
+    # and g, then e = r + g written over r with the sent coordinates zeroed,
+    # then the output scattered into zeros. The dependencies
+    # (kernels/ordering.py) order each write after the last read of the
+    # buffer it reuses, so XLA copies no full-size buffer: 2 full passes (e,
+    # the output's zero fill); with the generic memory.error_feedback XLA
+    # also copied e and the output and zero-filled fresh memory (BUILD_NOTES,
+    # issue 18).
+    local = memory.corrected(
+      sparse.gather_at(flat_r, indices), sparse.gather_at(flat_g, indices)
+    )
+    after = ordering.zero_after(local)  # e after the gathers
+    residual = sparse.zero_at(memory.corrected(flat_r + after, flat_g), indices)
     # The all-reduce waits for the residual, so the output's zero fill (which
     # follows the mean) comes after the last read of g: it can take g's buffer.
     local = local + ordering.zero_after(residual)

@@ -12,7 +12,7 @@ from gradcomp.compressors import exchange
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.memory import error_feedback
 from gradcomp.compressors.spec import recorded
-from gradcomp.kernels import bits, numerics
+from gradcomp.kernels import bits, numerics, ordering
 
 
 @recorded
@@ -56,19 +56,33 @@ def scaled_sign_codec(axis_name: exchange.AxisName) -> LeafCodec:
 
   The mean ``|x_i|`` is summed as ``sum_i |x_i| / d`` (scale before you sum),
   so it is at most ``max |x_i|`` and finite for finite ``x``.
+
+  Passes over memory, with error feedback around it (``x = r + g``, built in
+  each pass rather than written out): the scale, the signs, the remainder
+  written over ``r``, the output written over ``g``. Each of the last two
+  waits for a zero read from what the pass before it wrote
+  (``kernels/ordering.py``), so XLA copies neither donated buffer.
   """
 
   def apply(x, state, key, step):
     del key, step
     size = x.size
     scale = jnp.minimum(jnp.sum(jnp.abs(x) / size), numerics.FLOAT32_MAX)
-    packed = bits.pack_signs(x)
+    # jnp.packbits's row sum, not bits.pack_signs's OR of strided views (the
+    # same bytes): XLA never recomputes a reduction inside its consumers, so
+    # the zero below is read from the payload in memory, after the signs'
+    # pass; it recomputes an element-wise OR there, and the order is lost.
+    packed = jnp.packbits(x.reshape(-1) >= 0)
+    sent_scale = scale + ordering.zero_after(packed)
+    # The payload decodes to +scale where x >= 0 and to -scale elsewhere.
+    remainder = x - jnp.where(x >= 0, sent_scale, -sent_scale)
 
     def decode(p, s):
-      return bits.unpack_signs(p, size) * s
+      return bits.unpack_signs(p, size).reshape(x.shape) * s
 
-    mean = exchange.gathered_mean((packed, scale), decode, axis_name)
-    return mean.reshape(x.shape), x - decode(packed, scale).reshape(x.shape), state
+    sent = (packed, scale + ordering.zero_after(remainder))
+    mean = exchange.gathered_mean(sent, decode, axis_name)
+    return mean, remainder, state
 
   return LeafCodec(stateless_init, apply)
 
@@ -80,8 +94,8 @@ def ef_signsgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransfor
   .. math::
     e = r + g,\\quad p = \\tfrac{\\|e\\|_1}{d}\\operatorname{sign}(e),\\quad r = e - p
 
-  Bad input: a NaN or Inf gradient is dropped by the error feedback
-  (``memory.py``: the memory is sent, this worker's gradient is lost), so
+  Bad input: NaN or Inf gradient coordinates are dropped by the error
+  feedback (``memory.py``: the memory keeps its value there), so
   state and output stay finite. Finite gradients up to the float32 maximum
   give a finite scale (``||e||_1 / d`` is summed as ``sum |e_i| / d``) and a
   finite mean over workers (each decoded payload is divided by ``n`` before

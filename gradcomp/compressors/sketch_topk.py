@@ -105,9 +105,8 @@ def sketch_topk(
       uniform sample (Ivkin et al.'s HEAVYMIX); ``False`` sends only heavy
       coordinates.
 
-  **Bad input.** A NaN or Inf gradient is dropped by the error feedback
-  (``memory.py``: the memory is sketched and sent, this worker's gradient is
-  lost). Finite gradients are safe up to the float32 maximum: the heavy-
+  **Bad input.** NaN or Inf gradient coordinates are dropped by the error
+  feedback (``memory.py``: the memory keeps its value there). Finite gradients are safe up to the float32 maximum: the heavy-
   hitter test works on the summed table divided by a power of two near its
   largest entry (exact), so its squares cannot overflow; a bucket whose sum
   itself overflows (values near the maximum sharing it) counts as the

@@ -112,8 +112,8 @@ def sparse_quantize(
   ``n * k`` values ``+-t / n``. See the module docstring for the format and
   for the choice of the largest ``|e|`` when more than ``k`` qualify.
 
-  Bad input: a NaN or Inf gradient is dropped by the error feedback
-  (``memory.py``), so state and output stay finite. Outputs are bounded by
+  Bad input: NaN or Inf gradient coordinates are dropped by the error
+  feedback (``memory.py``), so state and output stay finite. Outputs are bounded by
   ``t`` whatever the input; a huge finite ``e`` sends ``+-t`` and keeps the
   rest in the residual.
 

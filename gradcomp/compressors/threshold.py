@@ -29,8 +29,8 @@ def threshold_quantize(
   The wire format is 2 bits per coordinate (packed ternary codes); payloads are
   all-gathered and the output is ``t`` times the mean code.
 
-  Bad input: a NaN or Inf gradient is dropped by the error feedback
-  (``memory.py``), so state and output stay finite. Outputs are bounded by
+  Bad input: NaN or Inf gradient coordinates are dropped by the error
+  feedback (``memory.py``), so state and output stay finite. Outputs are bounded by
   ``t`` whatever the input; a huge finite ``e`` sends ``+-t`` and keeps the
   rest in the residual.
 

@@ -31,8 +31,8 @@ def topk(
     e = r + g,\\quad S = \\operatorname{argtop}_k |e|,\\quad
     \\bar g = \\tfrac{1}{n}\\sum_w e_w \\odot 1_{S_w},\\quad r = e \\odot 1_{\\bar S}
 
-  Bad input: with error feedback a NaN or Inf gradient is dropped by the
-  memory (``memory.py``), so state and output stay finite; without it NaN or
+  Bad input: with error feedback NaN or Inf gradient coordinates are dropped
+  by the memory (``memory.py``), so state and output stay finite; without it NaN or
   Inf coordinates can be selected and reach that step's output (nothing is
   stored). Finite values are sent exactly and divided by ``n`` before the
   workers' values are added, so their mean is finite.

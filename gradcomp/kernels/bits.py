@@ -12,8 +12,23 @@ import numpy as np
 
 
 def pack_signs(x: jax.Array) -> jax.Array:
-  """1 bit per coordinate of flat ``x``: set where ``x >= 0``. uint8[ceil(d/8)]."""
-  return jnp.packbits(x.reshape(-1) >= 0)
+  """1 bit per coordinate of flat ``x``: set where ``x >= 0``. uint8[ceil(d/8)].
+
+  The bytes of ``jnp.packbits(x >= 0)`` (first coordinate in the high bit, a
+  short tail padded with 0 bits), built as an OR of eight shifted strided
+  views: one element-wise loop. ``jnp.packbits`` sums a (d/8, 8) array along
+  its rows, which XLA:CPU runs as a reduction at about 1.4x the time on the
+  ResNet-50 buffer (BUILD_NOTES, issue 18).
+  """
+  flat = (x.reshape(-1) >= 0).astype(jnp.uint8)
+  pad = -flat.shape[0] % 8
+  if pad:
+    flat = jnp.pad(flat, (0, pad))
+  rows = flat.reshape(-1, 8)
+  packed = rows[:, 0] << 7
+  for j in range(1, 8):
+    packed = packed | (rows[:, j] << (7 - j))
+  return packed
 
 
 def unpack_signs(bits: jax.Array, size: int) -> jax.Array:
