@@ -123,3 +123,31 @@ def test_table_ratio_takes_the_best_peer_doing_the_same_work():
   line = [x for x in compress.format_table(result).splitlines() if "| randomk |" in x]
   # The peer table's row: best gradcomp 20 over best same-work peer 25.
   assert line[-1].endswith("| 25.0 / error | 0.80 |"), line[-1]
+
+
+def test_interleaved_rounds_rotate_and_prepare_before_timing():
+  """Every round prepares all inputs first, then times each contender once,
+  starting one later each round; each call gets its own round's input."""
+  from gradcomp.bench import timing
+
+  log = []
+
+  def contender(name):
+    def prepare():
+      log.append(("prepare", name))
+      return name, len(log)
+
+    def call(inputs):
+      assert inputs[0] == name
+      log.append(("call", name))
+
+    return prepare, call
+
+  times = timing.interleaved([contender(n) for n in "abc"], repeats=3)
+  assert [len(t) for t in times] == [3, 3, 3]
+  assert all(ms >= 0 for t in times for ms in t)
+  rounds = [log[i : i + 6] for i in range(0, 18, 6)]
+  for r, events in enumerate(rounds):
+    assert [e for e, _ in events] == ["prepare"] * 3 + ["call"] * 3
+    calls = "".join(n for _, n in events[3:])
+    assert calls == ("abc" * 2)[r : r + 3]

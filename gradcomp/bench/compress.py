@@ -18,7 +18,11 @@ allocated memory, and on CPU a fresh 100 MB buffer costs tens of ms of first-tou
 page faults (``PERFORMANCE_NOTES.md``), which would dominate the fused time of the
 cheap compressors (none, fp16, signSGD). Times are medians of ``repeats`` calls after a first
 (compiling) call and one warm-up call; the first call's time is recorded as
-``compile_ms``.
+``compile_ms``. A row's variants (gradcomp in both layouts, every peer) are
+timed in interleaved rounds, one call each per round
+(:func:`gradcomp.bench.timing.interleaved`), so the machine's drift over the
+row's seconds falls on all of them alike and their ratio compares programs,
+not moments.
 
 Each time is set against a **memory-bandwidth floor**: the bytes an ideal
 single-pass implementation must read and write (:class:`Floor`) divided by the copy
@@ -32,15 +36,17 @@ Run: ``python -m gradcomp.bench compress [--model resnet50] [--only topk,dgc]``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -273,21 +279,36 @@ def _build(cfg: CompressorConfig):
   return get(cfg.name, **cfg.kwargs)
 
 
-def time_layout(cfg: CompressorConfig, grads, *, repeats: int, warmup: int = 1):
-  """Times one compressor on one gradient tree; returns a JSON-ready dict."""
+class Contender(NamedTuple):
+  """One variant of a row (gradcomp in a layout, or a peer), ready to be timed
+  call by call in rounds with the others (:func:`timing.interleaved`).
+
+  Attributes:
+    prepare: ``prepare() -> inputs`` of one call (a fresh copy of the gradient).
+    call: ``call(inputs)``, returning once its work is done.
+    result: ``result(times_ms) -> dict``, the JSON record of those times.
+  """
+
+  prepare: Callable[[], Any]
+  call: Callable[[Any], Any]
+  result: Callable[[list[float]], dict[str, Any]]
+
+
+def layout_contender(cfg: CompressorConfig, grads, *, warmup: int = 1) -> Contender:
+  """One compressor on one gradient tree, compiled and warmed up."""
   tx = _build(cfg)
-  return _time_update(
-    lambda g, s: tx.update(g, s, None), tx.init(grads), grads, repeats, warmup
+  return _update_contender(
+    lambda g, s: tx.update(g, s, None), tx.init(grads), grads, warmup
   )
 
 
-def time_peer(label: str, ef: bool, grads, *, repeats: int, warmup: int = 1):
-  """Times the naive peer of ``label`` (``peers.py``) on a list of tensors."""
+def peer_contender(label: str, ef: bool, grads, *, warmup: int = 1) -> Contender:
+  """The naive peer of ``label`` (``peers.py``) on a list of tensors."""
   peer = peers.lift(label, ef)
-  return _time_update(peer.update, peer.init(grads), grads, repeats, warmup)
+  return _update_contender(peer.update, peer.init(grads), grads, warmup)
 
 
-def _time_update(fn, state, grads, repeats: int, warmup: int):
+def _update_contender(fn, state, grads, warmup: int) -> Contender:
   state = _copy_tree(state)
   state_bytes = sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, "nbytes"))
   # Gradients and state are both donated: in a training step the gradient
@@ -296,27 +317,34 @@ def _time_update(fn, state, grads, repeats: int, warmup: int):
   # this CPU) and the table would measure the allocator. Each call gets its own
   # copy of the gradients, made (and touched) before timing.
   update = jax.jit(fn, donate_argnums=(0, 1))
-  copies = [_copy_tree(grads) for _ in range(repeats + warmup + 2)]
-  jax.block_until_ready(copies)
   box = [state]
 
-  def step():
-    out, box[0] = update(copies.pop(), box[0])
-    return out, box[0]
+  def prepare():
+    return jax.block_until_ready(_copy_tree(grads))
+
+  def call(g):
+    out, box[0] = update(g, box[0])
+    return jax.block_until_ready((out, box[0]))[0]
 
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-    t = timing.time_calls(step, repeats=repeats, warmup=warmup)
-  out = step()[0]
-  finite = bool(all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out)))
-  return {
-    "median_ms": t.median_ms,
-    "min_ms": t.min_ms,
-    "times_ms": list(t.times_ms),
-    "compile_ms": t.first_ms,
-    "state_bytes": int(state_bytes),
-    "finite": finite,
-  }
+    ((first,),) = timing.interleaved([(prepare, call)], 1)
+    for _ in range(warmup):
+      call(prepare())
+
+  def result(times: list[float]) -> dict[str, Any]:
+    out = call(prepare())
+    finite = bool(all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out)))
+    return {
+      "median_ms": statistics.median(times),
+      "min_ms": min(times),
+      "times_ms": list(times),
+      "compile_ms": first,
+      "state_bytes": int(state_bytes),
+      "finite": finite,
+    }
+
+  return Contender(prepare, call, result)
 
 
 def run(
@@ -368,27 +396,35 @@ def run(
       # Paper 000 Table 1 measured ResNet-50 only.
       "paper_v100_ms": cfg.paper_ms if model == "resnet50" else None,
     }
-    for layout, tree in (("layerwise", layer), ("fused", fused)):
+    contenders = _row_contenders(cfg, layer, fused, warmup, with_peers, with_torch)
+    built = []
+    for path, make in contenders:
       try:
-        res = time_layout(cfg, tree, repeats=repeats, warmup=warmup)
+        built.append((path, make()))
       except Exception as e:  # noqa: BLE001  (report, keep going)
-        res = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+        _put(row, path, {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]})
+    times = timing.interleaved([(c.prepare, c.call) for _, c in built], repeats)
+    for (path, contender), t in zip(built, times, strict=True):
+      _put(row, path, contender.result(t))
+    del built
+    gc.collect()
+    for layout in ("layerwise", "fused"):
+      res = row[layout]
       if "median_ms" in res and row["floor_ms"] > 0:
         res["ratio_to_floor"] = res["median_ms"] / row["floor_ms"]
-      row[layout] = res
+    for path, _ in contenders:
+      res = _get(row, path)
       msg = (
-        f"{res['median_ms']:9.2f} ms (first call {res['compile_ms'] / 1e3:.1f} s)"
+        f"{res['median_ms']:9.2f} ms"
+        + (
+          f" (first call {res['compile_ms'] / 1e3:.1f} s)"
+          if "compile_ms" in res
+          else ""
+        )
         if "median_ms" in res
         else f"FAILED {res['error']}"
       )
-      print(f"  {cfg.label:>18} {layout:>9}: {msg}", file=log, flush=True)
-      gc.collect()
-    if with_peers and cfg.label in peers.PEERS:
-      row["peers"] = _time_peers(cfg.label, layer, fused, repeats, warmup, log)
-      if with_torch and cfg.label in torch_peers.LABELS:
-        row["torch_peers"] = _time_peers(
-          cfg.label, layer, fused, repeats, warmup, log, torch=True
-        )
+      print(f"  {cfg.label:>18} {' '.join(path):>26}: {msg}", file=log, flush=True)
     rows.append(row)
   result = {
     "suite": "compress",
@@ -409,37 +445,44 @@ def run(
   return result
 
 
-def _time_peers(
-  label, layer, fused, repeats, warmup, log, torch: bool = False
-) -> dict[str, Any]:
-  """``{"plain" | "ef": {"per_tensor" | "one_buffer": result}}`` of one peer.
+def _row_contenders(cfg, layer, fused, warmup, with_peers, with_torch):
+  """``(path in the row, build)`` for gradcomp's two layouts and the peers."""
+  out = [
+    ((layout,), functools.partial(layout_contender, cfg, tree, warmup=warmup))
+    for layout, tree in (("layerwise", layer), ("fused", fused))
+  ]
+  label = cfg.label
+  if not (with_peers and label in peers.PEERS):
+    return out
+  kinds = ("plain", "ef") if peers.PEERS[label][2] else ("plain",)
+  layouts = (("per_tensor", list(layer.values())), ("one_buffer", list(fused.values())))
+  for kind in kinds:
+    for layout, tensors in layouts:
+      build = functools.partial(
+        peer_contender, label, kind == "ef", tensors, warmup=warmup
+      )
+      out.append((("peers", kind, layout), build))
+  if with_torch and label in torch_peers.LABELS:
+    for kind in kinds:
+      for layout, tensors in layouts:
+        arrays = [np.asarray(t) for t in tensors]
+        build = functools.partial(
+          torch_peers.contender, label, kind == "ef", arrays, warmup=warmup
+        )
+        out.append((("torch_peers", kind, layout), lambda b=build: Contender(*b())))
+  return out
 
-  The naive-JAX peer, or with ``torch`` the PyTorch one (on NumPy copies).
-  """
-  has_ef = peers.PEERS[label][2]
-  if torch:
-    layer = {k: np.asarray(v) for k, v in layer.items()}
-    fused = {k: np.asarray(v) for k, v in fused.items()}
-    timer, who = torch_peers.time_peer, "torch"
-  else:
-    timer, who = time_peer, "peer"
-  res: dict[str, Any] = {}
-  for ef in (False, True) if has_ef else (False,):
-    kind = "ef" if ef else "plain"
-    res[kind] = {}
-    for layout, tensors in (
-      ("per_tensor", list(layer.values())),
-      ("one_buffer", list(fused.values())),
-    ):
-      try:
-        r = timer(label, ef, tensors, repeats=repeats, warmup=warmup)
-      except Exception as e:  # noqa: BLE001  (report, keep going)
-        r = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
-      res[kind][layout] = r
-      msg = f"{r['median_ms']:9.2f} ms" if "median_ms" in r else f"FAILED {r['error']}"
-      print(f"  {label:>12} {who} {kind:>5} {layout:>10}: {msg}", file=log, flush=True)
-      gc.collect()
-  return res
+
+def _put(row: dict, path: tuple[str, ...], value) -> None:
+  for key in path[:-1]:
+    row = row.setdefault(key, {})
+  row[path[-1]] = value
+
+
+def _get(row: dict, path: tuple[str, ...]):
+  for key in path:
+    row = row[key]
+  return row
 
 
 def _best(*results) -> float | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -74,6 +74,44 @@ def time_calls(
     jax.block_until_ready(fn(*args))
   times = tuple(_timed_call(fn, args) for _ in range(repeats))
   return Timing(first_ms=first, times_ms=times)
+
+
+def interleaved(
+  contenders: Sequence[tuple[Callable[[], Any], Callable[[Any], Any]]], repeats: int
+) -> list[list[float]]:
+  """Times each ``(prepare, call)`` once per round, for ``repeats`` rounds.
+
+  For ratios between implementations on a shared machine: its speed drifts by
+  tens of percent over seconds, so timing one contender's calls after
+  another's compares two moments as much as two programs. Here every round
+  times each contender once, in an order rotated by one each round, and a
+  round's inputs are all prepared (untimed) before its first timed call, so
+  each input was written several calls earlier, as when each call had its own
+  copy made up front.
+
+  Args:
+    contenders: ``prepare() -> inputs`` and ``call(inputs) -> result``; ``call``
+      must return only once its work is done (block on it inside), and its
+      result is released after the clock stops.
+    repeats: rounds (at least 1).
+
+  Returns:
+    Per contender, its ``repeats`` times in ms.
+  """
+  if repeats < 1:
+    raise ValueError(f"repeats must be >= 1, got {repeats}")
+  times: list[list[float]] = [[] for _ in contenders]
+  n = len(contenders)
+  for r in range(repeats):
+    inputs = [prepare() for prepare, _ in contenders]
+    for j in range(n):
+      i = (j + r) % n
+      t0 = time.perf_counter()
+      result = contenders[i][1](inputs[i])
+      times[i].append((time.perf_counter() - t0) * 1e3)
+      del result
+      inputs[i] = None
+  return times
 
 
 def median_ms(

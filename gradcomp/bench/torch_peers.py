@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -158,15 +157,19 @@ LABELS = ("fp16", "topk", "randomk", "dgc", "qsgd", "terngrad", "signsgd")
 LABELS += ("ef_signsgd", "powersgd")
 
 
-def time_peer(
+def contender(
   label: str,
   error_feedback: bool,
   tensors: Sequence[np.ndarray],
   *,
-  repeats: int,
   warmup: int = 1,
-) -> dict[str, Any]:
-  """Median ms of the PyTorch peer of ``label`` on ``tensors`` (float32)."""
+) -> tuple[Callable[[], Any], Callable[[Any], Any], Callable[[list[float]], dict]]:
+  """The PyTorch peer of ``label`` on ``tensors`` (float32), warmed up.
+
+  Returns ``(prepare, call, result)`` for ``timing.interleaved`` (the compress
+  suite's ``Contender``): fresh clones of the tensors, one call (returning once
+  the device is done), and the JSON record of a list of times.
+  """
   import torch  # noqa: PLC0415  (optional: not a gradcomp dependency)
 
   torch.manual_seed(1)
@@ -177,6 +180,15 @@ def time_peer(
   states = [leaf_init(x, alone) for x in sources]
   residuals = [torch.zeros_like(x) for x in sources] if error_feedback else None
 
+  def sync():
+    if device == "cuda":
+      torch.cuda.synchronize()
+
+  def prepare():
+    xs = [x.clone() for x in sources]
+    sync()
+    return xs
+
   def call(xs):
     nonlocal residuals
     es = [r + x for r, x in zip(residuals, xs, strict=True)] if error_feedback else xs
@@ -186,29 +198,23 @@ def time_peer(
       outs.append(out)
     if error_feedback:
       residuals = [e - out for e, out in zip(es, outs, strict=True)]
+    sync()
     return outs
 
-  times = []
-  for i in range(1 + warmup + repeats):
-    xs = [x.clone() for x in sources]
-    if device == "cuda":
-      torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    outs = call(xs)
-    if device == "cuda":
-      torch.cuda.synchronize()
-    elapsed = (time.perf_counter() - t0) * 1e3
-    del outs, xs  # released after the clock stops
-    if i > warmup:
-      times.append(elapsed)
-  return {
-    "median_ms": statistics.median(times),
-    "min_ms": min(times),
-    "times_ms": times,
-    "torch_version": torch.__version__,
-    "threads": torch.get_num_threads(),
-    "device": device,
-  }
+  for _ in range(1 + warmup):
+    call(prepare())
+
+  def result(times: list[float]) -> dict[str, Any]:
+    return {
+      "median_ms": statistics.median(times),
+      "min_ms": min(times),
+      "times_ms": list(times),
+      "torch_version": torch.__version__,
+      "threads": torch.get_num_threads(),
+      "device": device,
+    }
+
+  return prepare, call, result
 
 
 def _on_gpu() -> bool:
