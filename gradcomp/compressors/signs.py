@@ -57,8 +57,9 @@ def signsgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransformat
 def scaled_sign_codec(axis_name: exchange.AxisName) -> LeafCodec:
   """``(||x||_1 / d) * sign(x)``: 1 bit per coordinate and one float32 scale.
 
-  The mean ``|x_i|`` is summed as ``sum_i |x_i| / d`` (scale before you sum),
-  so it is at most ``max |x_i|`` and finite for finite ``x``.
+  The mean ``|x_i|`` is summed as ``sum_i |x_i| 2^-k`` with ``2^k >= d``
+  (scale before you sum, exactly), so the sum is at most ``max |x_i|`` and
+  finite for finite ``x``; then multiplied by ``2^k / d``.
 
   Passes over memory, with error feedback around it (``x = r + g``, built in
   each pass rather than written out): the scale, the signs, the remainder
@@ -70,7 +71,15 @@ def scaled_sign_codec(axis_name: exchange.AxisName) -> LeafCodec:
   def apply(x, state, key, step):
     del key, step
     size = x.size
-    scale = jnp.minimum(jnp.sum(jnp.abs(x) / size), numerics.FLOAT32_MAX)
+    # Each |x_i| times 2^-k <= 1 / d (exact) before the sum, so the sum is at
+    # most max |x_i|; a multiply, not a divide per element. The factor is
+    # traced (+0.0 read from x): a constant's broadcast is shared by XLA
+    # between leaves of one shape and then written to memory, a
+    # gradient-sized extra operand of each sum.
+    k = (size - 1).bit_length()
+    shrink = 2.0**-k + ordering.zero_after(x)
+    total = jnp.sum(jnp.abs(x) * shrink)
+    scale = jnp.minimum(total * (2.0**k / size), numerics.FLOAT32_MAX)
     # jnp.packbits's row sum, not bits.pack_signs's OR of strided views (the
     # same bytes): XLA never recomputes a reduction inside its consumers, so
     # the zero below is read from the payload in memory, after the signs'
