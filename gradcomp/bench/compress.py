@@ -463,9 +463,9 @@ def _row_contenders(cfg, layer, fused, warmup, with_peers, with_torch):
       )
       out.append((("peers", kind, layout), build))
   if with_torch and label in torch_peers.LABELS:
+    host = [(layout, [np.asarray(t) for t in tensors]) for layout, tensors in layouts]
     for kind in kinds:
-      for layout, tensors in layouts:
-        arrays = [np.asarray(t) for t in tensors]
+      for layout, arrays in host:
         build = functools.partial(
           torch_peers.contender, label, kind == "ef", arrays, warmup=warmup
         )

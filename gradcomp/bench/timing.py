@@ -90,9 +90,10 @@ def interleaved(
   copy made up front.
 
   Args:
-    contenders: ``prepare() -> inputs`` and ``call(inputs) -> result``; ``call``
-      must return only once its work is done (block on it inside), and its
-      result is released after the clock stops.
+    contenders: ``prepare() -> inputs`` and ``call(inputs) -> result``, timed
+      as :func:`time_calls` times a call (blocked on, released after the clock
+      stops); a result that is not a JAX value (PyTorch's) must be complete
+      when ``call`` returns.
     repeats: rounds (at least 1).
 
   Returns:
@@ -106,10 +107,7 @@ def interleaved(
     inputs = [prepare() for prepare, _ in contenders]
     for j in range(n):
       i = (j + r) % n
-      t0 = time.perf_counter()
-      result = contenders[i][1](inputs[i])
-      times[i].append((time.perf_counter() - t0) * 1e3)
-      del result
+      times[i].append(_timed_call(contenders[i][1], (inputs[i],)))
       inputs[i] = None
   return times
 

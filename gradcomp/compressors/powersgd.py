@@ -140,8 +140,9 @@ def powersgd(
   all-reduced uncompressed, as in the reference implementation.
 
   Bad input: NaN or Inf gradient coordinates are dropped by the error
-  feedback (``memory.py``: the memory keeps its value there), so state and output stay finite. Finite gradients up to the
-  float32 maximum never overflow (see :func:`powersgd_codec`): entries of
+  feedback (``memory.py``: the memory keeps its value there), so state and
+  output stay finite. Finite gradients up to the float32 maximum never
+  overflow (see :func:`powersgd_codec`): entries of
   ``Q`` beyond ``float32 max / (2 sqrt(rank))`` and of the remainder beyond
   the float32 range, possible only for a matrix with entries within a factor
   ~``sqrt(rows)`` of that maximum, saturate there.

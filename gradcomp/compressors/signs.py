@@ -107,11 +107,11 @@ def ef_signsgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransfor
     e = r + g,\\quad p = \\tfrac{\\|e\\|_1}{d}\\operatorname{sign}(e),\\quad r = e - p
 
   Bad input: NaN or Inf gradient coordinates are dropped by the error
-  feedback (``memory.py``: the memory keeps its value there), so
-  state and output stay finite. Finite gradients up to the float32 maximum
-  give a finite scale (``||e||_1 / d`` is summed as ``sum |e_i| / d``) and a
-  finite mean over workers (each decoded payload is divided by ``n`` before
-  the sum).
+  feedback (``memory.py``: the memory keeps its value there), so state and
+  output stay finite. Finite gradients up to the float32 maximum give a
+  finite scale (``||e||_1 / d`` is summed as ``sum |e_i| 2^-k`` with
+  ``2^k >= d``, then scaled by ``2^k / d``) and a finite mean over workers
+  (each decoded payload is divided by ``n`` before the sum).
 
   Args:
     axis_name: the mapped axis of the workers, or ``None`` for one device.

@@ -106,9 +106,10 @@ def sketch_topk(
       coordinates.
 
   **Bad input.** NaN or Inf gradient coordinates are dropped by the error
-  feedback (``memory.py``: the memory keeps its value there). Finite gradients are safe up to the float32 maximum: the heavy-
-  hitter test works on the summed table divided by a power of two near its
-  largest entry (exact), so its squares cannot overflow; a bucket whose sum
+  feedback (``memory.py``: the memory keeps its value there). Finite
+  gradients are safe up to the float32 maximum: the heavy-hitter test works
+  on the summed table divided by a power of two near its largest entry
+  (exact), so its squares cannot overflow; a bucket whose sum
   itself overflows (values near the maximum sharing it) counts as the
   maximum, or as 0 when opposite infinities met there, which only changes
   which coordinates are chosen. The second round sends exact values, each
