@@ -332,6 +332,35 @@ def test_derive_orders_and_attributes_flops():
   assert dict((t.name, t.shape) for t in tensors)["conv/kernel"] == (3, 3, 2, 4)
 
 
+@pytest.mark.parametrize(
+  "carry, xs",
+  [
+    ((jnp.zeros(3),), (jnp.zeros((5, 3)),)),  # carry and xs alike per step
+    ((jnp.zeros(()), jnp.zeros((2, 3))), (jnp.zeros((1, 2)), jnp.zeros((1,)))),
+    ((jnp.zeros(4),), ()),  # no xs
+    ((), (jnp.zeros((2, 4)),)),  # no carry
+  ],
+)
+def test_scan_layout_is_read_from_the_shapes(carry, xs):
+  consts = (jnp.ones(3), jnp.ones((2, 2)))
+
+  def f(consts, carry, xs):
+    def body(c, x):
+      total = sum(jnp.sum(a) for a in (*consts, *c, *x))
+      return tuple(a + total for a in c), total
+
+    return jax.lax.scan(body, carry, xs, length=None if xs else 6)
+
+  (eqn,) = [
+    e for e in jax.make_jaxpr(f)(consts, carry, xs).eqns if e.primitive.name == "scan"
+  ]
+  body = eqn.params["jaxpr"].jaxpr
+  layout = shapes.scan_layout(eqn.invars, eqn.outvars, body)
+  if "num_consts" in eqn.params:  # JAX <= 0.10 records the counts too.
+    assert layout == (eqn.params["num_consts"], eqn.params["num_carry"])
+  assert layout == (2, len(carry))
+
+
 def test_derive_rejects_data_dependent_control_flow():
   class Branchy(nn.Module):
     @nn.compact

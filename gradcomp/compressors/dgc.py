@@ -56,9 +56,7 @@ def dgc_codec(
     )
 
   def apply(g, state, key, step):
-    shape = g.shape
-    g = g.reshape(-1)
-    size = g.shape[0]
+    shape, size = g.shape, g.size
     n = exchange.num_workers(axis_name)
     if clip_norm is not None:
       # Local clipping: each worker's share of the global norm (§3.4). With
@@ -66,7 +64,7 @@ def dgc_codec(
       c = clip_norm / math.sqrt(n)
       p, root = numerics.scaled_norm(g)
       g = jnp.where(root > c / p, g / p * (c / root), g)
-    old_u, old_v = state.momentum.reshape(-1), state.velocity.reshape(-1)
+    old_u, old_v = state.momentum, state.velocity
     # memory.py's per-coordinate policy: a gradient coordinate that would
     # make the momentum non-finite counts as 0, and a velocity coordinate
     # that would overflow keeps its value; decided inside each pass, so no
@@ -83,8 +81,8 @@ def dgc_codec(
     def exchange_at(density):
       def run(v):
         k = checks.keep_count(density, size)
-        values, indices = threshold_top_k(v, k, sample_size)
-        return sparse.gather_mean(values, indices, size, axis_name), indices
+        values, indices = threshold_top_k(v.reshape(-1), k, sample_size)
+        return sparse.gather_mean(values, indices, shape, axis_name), indices
 
       return run
 
@@ -112,9 +110,9 @@ def dgc_codec(
         return a * unsent
 
     # Momentum factor masking: what was sent stops accumulating momentum.
-    remainder = clear(v).reshape(shape)
-    new_state = DGCLeafState(momentum=clear(u).reshape(shape), velocity=remainder)
-    return mean.reshape(shape), remainder, new_state
+    remainder = clear(v)
+    new_state = DGCLeafState(momentum=clear(u), velocity=remainder)
+    return mean, remainder, new_state
 
   return LeafCodec(init, apply)
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from gradcomp.kernels import hashing, ordering
+from gradcomp.kernels import hashing
 from gradcomp.parallel import branches, mixing
 
 
@@ -245,16 +245,3 @@ def gathered_mean(payload, decode: Callable[..., jax.Array], axis_name: AxisName
   """
   n = num_workers(axis_name)
   return gathered_sum(payload, lambda *p: decode(*p) / n, axis_name)
-
-
-def scatter_mean(values, indices, size: int, n: int) -> jax.Array:
-  """Dense mean of gathered sparse payloads: ``sum_w scatter(values_w) / n``.
-
-  Indices equal to ``size`` mark padding and are dropped. The ``1 / n`` is
-  applied to the ``n * k`` values, not to the ``size`` outputs.
-  """
-  scaled = values.reshape(-1).astype(jnp.float32) * (1.0 / n)
-  # Zero-filled after the payload arrives (kernels/ordering.py), so that XLA
-  # may fill a dead buffer (the gradient's) instead of fresh memory.
-  dense = jnp.full((size,), ordering.zero_after(scaled), jnp.float32)
-  return dense.at[indices.reshape(-1)].add(scaled, mode="drop")

@@ -144,7 +144,7 @@ def terngrad(
   def apply(x, state, key, step):
     del step
     size = x.size
-    scale = jnp.max(jnp.abs(x))
+    scale = numerics.max_abs(x)
     u = hash_uniform(exchange.worker_key(key, axis_name), x.shape)
     keep = u * scale < jnp.abs(x)
     ternary = jnp.where(keep, jnp.sign(x), 0.0)

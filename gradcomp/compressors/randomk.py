@@ -75,12 +75,12 @@ def randomk(
   def apply(x, state, key, step):
     del step
     indices = indices_of(x, key)
-    mean = sparse.all_reduce_mean_at(x.reshape(-1), indices, axis_name)
-    return mean.reshape(x.shape), sparse.zero_at(x, indices), state
+    mean = sparse.all_reduce_mean_at(x, indices, axis_name)
+    return mean, sparse.zero_at(x, indices), state
 
   def apply_with_memory(g, state, key, step):
     del step
-    flat_g, flat_r = g.reshape(-1), state.residual.reshape(-1)
+    r = state.residual
     indices = indices_of(g, key)
     # memory.py's per-coordinate policy, in place: k values gathered from r
     # and g, then e = r + g written over r with the sent coordinates zeroed,
@@ -90,18 +90,15 @@ def randomk(
     # the output's zero fill); with the generic memory.error_feedback XLA
     # also copied e and the output and zero-filled fresh memory (BUILD_NOTES,
     # issue 18).
-    local = memory.corrected(
-      sparse.gather_at(flat_r, indices), sparse.gather_at(flat_g, indices)
-    )
+    local = memory.corrected(sparse.gather_at(r, indices), sparse.gather_at(g, indices))
     after = ordering.zero_after(local)  # e after the gathers
-    residual = sparse.zero_at(memory.corrected(flat_r + after, flat_g), indices)
+    residual = sparse.zero_at(memory.corrected(r + after, g), indices)
     # The all-reduce waits for the residual, so the output's zero fill (which
     # follows the mean) comes after the last read of g: it can take g's buffer.
     local = local + ordering.zero_after(residual)
     mean = exchange.all_reduce_mean(local, axis_name)
-    out = sparse.scatter_into_zeros(mean, indices, flat_g.shape[0])
-    residual = residual.reshape(g.shape)
-    return out.reshape(g.shape), residual, memory.ErrorFeedbackState(residual, ())
+    out = sparse.scatter_into_zeros(mean, indices, g.shape)
+    return out, residual, memory.ErrorFeedbackState(residual, ())
 
   codec = LeafCodec(stateless_init, apply)
   if error_feedback:

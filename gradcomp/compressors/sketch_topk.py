@@ -143,8 +143,12 @@ def sketch_topk(
     )
     indices = heavymix(summed, d, k, key, seed, random_fill)
     # Round 2: exact values at the chosen coordinates (index d is padding).
-    mean = sparse.all_reduce_mean_at(flat, indices, axis_name)
-    return mean.reshape(x.shape), sparse.zero_at(x, indices), state
+    # x is zeroed there in place once they are gathered; unordered, XLA
+    # copied x first (temporaries 2.24 -> 1.24 gradients, BUILD_NOTES issue 18).
+    values = sparse.gather_at(x, indices)
+    mean = exchange.all_reduce_mean(values, axis_name)
+    mean = sparse.scatter_into_zeros(mean, indices, x.shape)
+    return mean, sparse.zero_at(x, indices, after=values), state
 
   codec = LeafCodec(stateless_init, apply)
   return leafwise(memory.error_feedback(codec), seed=seed, agree_key_over=axis_name)

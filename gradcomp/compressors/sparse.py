@@ -3,9 +3,18 @@
 Top-k and DGC choose different coordinates on every worker, so their payloads
 are all-gathered and scatter-added (paper 004 §4, sparsification); random-k
 shares its indices and all-reduces the values instead (``randomk.py``).
+
+Indices are flat (row-major) positions in a leaf; index ``size`` marks an
+empty slot. The gathers and scatters here work on the leaf's own shape
+(:func:`unravel`) rather than on a flat view: when a multi-dimensional
+residual or output was written through a reshape, XLA:CPU copied the whole
+buffer into the donated one it aliases (one gradient-sized copy a call in
+random-k, two in top-k and DGC; BUILD_NOTES, issue 18).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -14,57 +23,95 @@ from gradcomp.compressors import exchange
 from gradcomp.kernels import ordering
 
 
-def gather_mean(
-  values: jax.Array, indices: jax.Array, size: int, axis_name: exchange.AxisName
-) -> jax.Array:
-  """Dense flat mean over workers of ``scatter(values, indices)``.
+def unravel(indices: jax.Array, shape: Sequence[int]) -> tuple[jax.Array, ...]:
+  """Row-major leaf coordinates of flat ``indices``.
 
-  Index ``size`` marks an empty slot (dropped).
+  Unlike ``jnp.unravel_index`` nothing is clipped: an empty slot (flat index
+  ``prod(shape)``) lands past the first axis, so gathers fill it and scatters
+  drop it as on a flat view. A scalar leaf has no axis to index: callers view
+  it as shape ``(1,)`` (:func:`_indexable`).
   """
+  coordinates = []
+  for extent in reversed(shape[1:]):
+    coordinates.append(indices % extent)
+    indices = indices // extent
+  coordinates.append(indices)
+  return tuple(reversed(coordinates))
+
+
+def gather_mean(
+  values: jax.Array,
+  indices: jax.Array,
+  shape: Sequence[int],
+  axis_name: exchange.AxisName,
+) -> jax.Array:
+  """Dense mean over workers of ``scatter(values, indices)``, of ``shape``."""
   if isinstance(axis_name, exchange.Pattern):  # decoded by each receiver
     return exchange.gathered_sum(
       (values, indices),
-      lambda v, i: jnp.zeros((size,), jnp.float32).at[i].add(v, mode="drop"),
+      lambda v, i: scatter_mean(v, i, shape, 1),
       axis_name,
     )
   n = exchange.num_workers(axis_name)
   all_values, all_indices = exchange.all_gather((values, indices), axis_name)
-  return exchange.scatter_mean(all_values, all_indices, size, n)
+  return scatter_mean(all_values, all_indices, shape, n)
+
+
+def scatter_mean(values, indices, shape: Sequence[int], n: int) -> jax.Array:
+  """Dense mean of gathered sparse payloads: ``sum_w scatter(values_w) / n``.
+
+  The ``1 / n`` is applied to the ``n * k`` values, not to the dense output.
+  """
+  scaled = values.reshape(-1).astype(jnp.float32) * (1.0 / n)
+  zeros = _indexable(_zeros_after(scaled, shape))
+  at = unravel(indices.reshape(-1), zeros.shape)
+  return zeros.at[at].add(scaled, mode="drop").reshape(shape)
 
 
 def all_reduce_mean_at(
-  flat: jax.Array, indices: jax.Array, axis_name: exchange.AxisName
+  x: jax.Array, indices: jax.Array, axis_name: exchange.AxisName
 ) -> jax.Array:
-  """Dense flat mean over workers of ``flat`` at ``indices`` shared by all workers.
+  """Dense mean over workers of ``x`` at ``indices`` shared by all workers.
 
   The indices are the same on every worker, so only the ``k`` values cross
-  the wire (all-reduce). Index ``flat.size`` marks an empty slot (dropped).
+  the wire (all-reduce).
   """
-  values = exchange.all_reduce_mean(gather_at(flat, indices), axis_name)
-  return scatter_into_zeros(values, indices, flat.shape[0])
+  values = exchange.all_reduce_mean(gather_at(x, indices), axis_name)
+  return scatter_into_zeros(values, indices, x.shape)
 
 
-def gather_at(flat: jax.Array, indices: jax.Array) -> jax.Array:
-  """``flat[indices]``, 0 at an empty slot (index ``flat.size``)."""
-  return flat.at[indices].get(mode="fill", fill_value=0.0)
+def gather_at(x: jax.Array, indices: jax.Array) -> jax.Array:
+  """``x.reshape(-1)[indices]``, 0 at an empty slot."""
+  x = _indexable(x)
+  return x.at[unravel(indices, x.shape)].get(mode="fill", fill_value=0.0)
 
 
-def scatter_into_zeros(values: jax.Array, indices: jax.Array, size: int) -> jax.Array:
-  """Dense float32 ``size`` zeros with ``values`` at ``indices`` (empty slots dropped).
+def scatter_into_zeros(
+  values: jax.Array, indices: jax.Array, shape: Sequence[int]
+) -> jax.Array:
+  """Dense float32 zeros of ``shape`` with ``values`` at ``indices``.
 
-  The zero fill depends on ``values`` (``kernels/ordering.py``), so XLA can
-  write it into a buffer whose last read comes before ``values`` (the
-  gradient's) rather than fresh memory. Replicated ``values`` (an all-reduced
-  mean) give a replicated result.
+  Replicated ``values`` (an all-reduced mean) give a replicated result.
   """
-  zeros = jnp.full((size,), ordering.zero_after(values), jnp.float32)
-  return zeros.at[indices].set(values, mode="drop")
+  zeros = _indexable(_zeros_after(values, shape))
+  at = unravel(indices, zeros.shape)
+  return zeros.at[at].set(values, mode="drop").reshape(shape)
+
+
+def _zeros_after(values: jax.Array, shape: Sequence[int]) -> jax.Array:
+  """float32 zeros of ``shape``, filled once ``values`` exist.
+
+  The dependency (``kernels/ordering.py``) lets XLA write the zeros into a
+  buffer whose last read comes before ``values`` (the gradient's) rather
+  than into fresh memory.
+  """
+  return jnp.full(shape, ordering.zero_after(values), jnp.float32)
 
 
 def zero_at(
   x: jax.Array, indices: jax.Array, *, after: jax.Array | None = None
 ) -> jax.Array:
-  """``x`` with the coordinates ``indices`` of its flat view set to zero.
+  """``x`` with the flat coordinates ``indices`` set to zero.
 
   ``after``: the values gathered from ``x`` at ``indices``. The in-place
   zeroing then waits for that gather (``kernels/ordering.py``); without the
@@ -72,4 +119,16 @@ def zero_at(
   """
   if after is not None:
     indices = indices + ordering.zero_after(after).astype(indices.dtype)
-  return x.reshape(-1).at[indices].set(0.0, mode="drop").reshape(x.shape)
+  view = _indexable(x)
+  return view.at[unravel(indices, view.shape)].set(0.0, mode="drop").reshape(x.shape)
+
+
+def add_at(x: jax.Array, indices: jax.Array, values: jax.Array) -> jax.Array:
+  """``x`` plus ``values`` at distinct flat ``indices``, in place."""
+  view = _indexable(x)
+  return view.at[unravel(indices, view.shape)].add(values, mode="drop").reshape(x.shape)
+
+
+def _indexable(x: jax.Array) -> jax.Array:
+  """``x``, or a scalar as shape ``(1,)``: a 0-d array takes no index."""
+  return x.reshape(1) if x.ndim == 0 else x

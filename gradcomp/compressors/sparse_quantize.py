@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp.compressors import checks, exchange
+from gradcomp.compressors import checks, exchange, sparse
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.memory import error_feedback
 from gradcomp.compressors.spec import recorded
@@ -79,16 +79,17 @@ def decode(codes: jax.Array, threshold: float, size: int) -> jax.Array:
   return jnp.zeros((size,), jnp.float32).at[indices].add(values, mode="drop")
 
 
-def _gather_mean(codes, threshold: float, size: int, axis_name) -> jax.Array:
-  """Dense flat mean over workers of the decoded codes (all-gather of the codes)."""
+def _gather_mean(codes, threshold: float, shape, axis_name) -> jax.Array:
+  """Dense mean over workers of the decoded codes (all-gather of the codes)."""
+
+  def decoded(codes, n):
+    values, indices = decode_slots(codes, threshold)
+    return sparse.scatter_mean(values, indices, shape, n)
+
   if isinstance(axis_name, exchange.Pattern):  # decoded by each receiver
-    return exchange.gathered_sum(
-      (codes,), lambda c: decode(c, threshold, size), axis_name
-    )
-  n = exchange.num_workers(axis_name)
+    return exchange.gathered_sum((codes,), lambda c: decoded(c, 1), axis_name)
   (gathered,) = exchange.all_gather((codes,), axis_name)
-  values, indices = decode_slots(gathered, threshold)
-  return exchange.scatter_mean(values, indices, size, n)
+  return decoded(gathered, exchange.num_workers(axis_name))
 
 
 @recorded
@@ -159,8 +160,10 @@ def sparse_quantize(
         f"is larger than {MAX_SIZE}; split it"
       )
     codes = encode(flat, t, checks.keep_count(max_ratio, size))
-    mean = _gather_mean(codes, t, size, axis_name)
-    remainder = flat - decode(codes, t, size)
-    return mean.reshape(x.shape), remainder.reshape(x.shape), state
+    mean = _gather_mean(codes, t, x.shape, axis_name)
+    # r = e - q at the k slots only, in place: a dense decode to subtract
+    # cost XLA two gradient-sized temporaries (BUILD_NOTES, issue 18).
+    values, indices = decode_slots(codes, t)
+    return mean, sparse.add_at(x, indices, -values), state
 
   return leafwise(error_feedback(LeafCodec(stateless_init, apply)))

@@ -14,7 +14,7 @@ from gradcomp.compressors import checks, exchange
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.memory import error_feedback
 from gradcomp.compressors.spec import recorded
-from gradcomp.kernels import bits
+from gradcomp.kernels import bits, ordering
 
 
 @recorded
@@ -52,9 +52,16 @@ def threshold_quantize(
     size = x.size
     ternary = (x >= t).astype(jnp.float32) - (x <= -t).astype(jnp.float32)
     packed = bits.pack_ternary(ternary)
+    # x = r + g is rebuilt in each pass, never stored. The remainder (over r)
+    # waits for a zero read from the payload, the output (over g) for one
+    # read from the remainder (kernels/ordering.py): XLA copied both donated
+    # buffers without the order (BUILD_NOTES, issue 18).
+    # The zero rides on the payload (gathered, so replicated), not on t.
+    remainder = x - ternary * (t + ordering.zero_after(packed))
+    sent = packed + ordering.zero_after(remainder).astype(jnp.uint8)
     mean = exchange.gathered_mean(
-      (packed,), lambda p: bits.unpack_ternary(p, size) * t, axis_name
+      (sent,), lambda p: bits.unpack_ternary(p, size) * t, axis_name
     ).reshape(x.shape)
-    return mean, x - ternary * t, state
+    return mean, remainder, state
 
   return leafwise(error_feedback(LeafCodec(stateless_init, apply)))

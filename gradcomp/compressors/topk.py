@@ -56,8 +56,8 @@ def topk(
     flat = x.reshape(-1)
     k = checks.keep_count(ratio, flat.shape[0])
     values, indices = top_k_magnitude(flat, k)
-    mean = sparse.gather_mean(values, indices, flat.shape[0], axis_name)
-    return mean.reshape(x.shape), sparse.zero_at(x, indices, after=values), state
+    mean = sparse.gather_mean(values, indices, x.shape, axis_name)
+    return mean, sparse.zero_at(x, indices, after=values), state
 
   codec = LeafCodec(stateless_init, apply)
   return leafwise(memory.maybe_error_feedback(codec, error_feedback))

@@ -41,12 +41,19 @@ _SHIFTS = np.array([0, 2, 4, 6], np.uint8)  # numpy: importing must not start JA
 
 
 def pack_ternary(t: jax.Array) -> jax.Array:
-  """2 bits per coordinate of flat ternary ``t`` in {-1, 0, 1}. uint8[ceil(d/4)]."""
+  """2 bits per coordinate of flat ternary ``t`` in {-1, 0, 1}. uint8[ceil(d/4)].
+
+  Byte ``j`` holds codes ``t + 1`` of coordinates ``4j .. 4j + 3`` at bits
+  0-1, 2-3, 4-5, 6-7; a short tail is padded with code 1 (a zero). The four
+  fields are disjoint, so their sum is their OR; as a sum it is a reduction,
+  which XLA computes once, in memory, where it recomputed an element-wise OR
+  inside each consumer. Callers that must order a write after the payload
+  (``kernels/ordering.py``) rely on that.
+  """
   codes = (t.reshape(-1) + 1).astype(jnp.uint8)
   pad = -codes.shape[0] % 4
   codes = jnp.pad(codes, (0, pad), constant_values=1).reshape(-1, 4)
-  shifted = codes << _SHIFTS
-  return shifted[:, 0] | shifted[:, 1] | shifted[:, 2] | shifted[:, 3]
+  return jnp.sum(codes << _SHIFTS, axis=1, dtype=jnp.uint8)
 
 
 def unpack_ternary(packed: jax.Array, size: int) -> jax.Array:

@@ -22,6 +22,19 @@ from jax import lax
 FLOAT32_MAX = float(jnp.finfo(jnp.float32).max)
 
 
+def max_abs(x: jax.Array, axis=None, keepdims: bool = False) -> jax.Array:
+  """``max |x|`` as ``max(max x, -min x)`` (NaN if any ``x`` is NaN).
+
+  ``jnp.max(jnp.abs(x))`` shares its ``|x|`` with any other ``|x|`` of the
+  caller (XLA merges the two), and the shared one is materialised: a full
+  extra buffer of ``x``'s size (TernGrad: one gradient per call, BUILD_NOTES
+  issue 18).
+  """
+  top = jnp.max(x, axis=axis, keepdims=keepdims)
+  bottom = jnp.min(x, axis=axis, keepdims=keepdims)
+  return jnp.maximum(top, -bottom)
+
+
 def power_of_two_above(m: jax.Array) -> jax.Array:
   """A power of two ``p`` with ``m / p`` in ``[0.5, 1)`` for normal ``m > 0``.
 
@@ -59,11 +72,7 @@ def scaled_norm(x: jax.Array, axis=None, keepdims: bool = False):
     ``(p, root)``, float32, reduced over ``axis``.
   """
   x = x.astype(jnp.float32)
-  # max |x| as max(max x, -min x): a shared jnp.abs(x) would be materialised
-  # when the caller also uses |x| (XLA merges the two), a full extra buffer.
-  top = jnp.max(x, axis=axis, keepdims=True)
-  bottom = jnp.min(x, axis=axis, keepdims=True)
-  p = power_of_two_above(jnp.maximum(top, -bottom))
+  p = power_of_two_above(max_abs(x, axis=axis, keepdims=True))
   root = jnp.sqrt(jnp.sum(jnp.square(x / p), axis=axis, keepdims=True))
   if not keepdims:
     p, root = jnp.squeeze(p, axis), jnp.squeeze(root, axis)

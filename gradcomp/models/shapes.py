@@ -118,6 +118,30 @@ def _open(jaxpr):
   return jaxpr.jaxpr if isinstance(jaxpr, jex_core.ClosedJaxpr) else jaxpr
 
 
+def scan_layout(invars, outvars, body) -> tuple[int, int]:
+  """``(num_consts, num_carry)`` of a ``scan`` equation, read from the shapes.
+
+  The operands are consts, carry, xs and the results carry, ys. A carry has
+  the same shape outside the body as inside it; an xs operand or a ys result
+  has the scan's length as an extra leading axis. So the carry is the longest
+  run of results shaped like the body's, and the xs the longest run of
+  trailing operands shaped unlike it. Read from the shapes rather than the
+  equation's parameters, which JAX renamed (``num_consts`` / ``num_carry``
+  up to 0.10; JAX 0.11's scan has neither).
+  """
+
+  def same(outer, inner) -> bool:
+    return outer.aval.shape == inner.aval.shape
+
+  carry = 0
+  while carry < len(outvars) and same(outvars[carry], body.outvars[carry]):
+    carry += 1
+  xs = 0
+  while xs < len(invars) - carry and not same(invars[-1 - xs], body.invars[-1 - xs]):
+    xs += 1
+  return len(invars) - carry - xs, carry
+
+
 class _Walk:
   """Walks a jaxpr in program order: first use and FLOPs of each parameter leaf."""
 
@@ -150,7 +174,7 @@ class _Walk:
       ]
       if name == "scan":  # consts, then carry (recurrent state: data), then xs.
         (sub,) = subs
-        consts, carry = eqn.params["num_consts"], eqn.params["num_carry"]
+        consts, carry = scan_layout(eqn.invars, eqn.outvars, sub)
         sub_inputs = [
           None if consts <= i < consts + carry else t for i, t in enumerate(inputs)
         ]
