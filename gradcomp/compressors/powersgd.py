@@ -54,7 +54,7 @@ def _as_matrix(x: jax.Array) -> jax.Array:
 def _orthonormal_columns(p: jax.Array) -> jax.Array:
   # QR is scale-invariant; dividing by a power of two near max |p| first
   # (exact) keeps its column norms from overflowing.
-  q, _ = jnp.linalg.qr(p / numerics.power_of_two_above(jnp.max(jnp.abs(p))))
+  q, _ = jnp.linalg.qr(p / numerics.power_of_two_above(numerics.max_abs(p)))
   return q
 
 

@@ -143,12 +143,11 @@ def sketch_topk(
     )
     indices = heavymix(summed, d, k, key, seed, random_fill)
     # Round 2: exact values at the chosen coordinates (index d is padding).
-    # x is zeroed there in place once they are gathered; unordered, XLA
-    # copied x first (temporaries 2.24 -> 1.24 gradients, BUILD_NOTES issue 18).
-    values = sparse.gather_at(x, indices)
-    mean = exchange.all_reduce_mean(values, axis_name)
-    mean = sparse.scatter_into_zeros(mean, indices, x.shape)
-    return mean, sparse.zero_at(x, indices, after=values), state
+    # x is zeroed there in place once they are gathered (the mean depends on
+    # them); unordered, XLA copied x first (temporaries 2.24 -> 1.24
+    # gradients, BUILD_NOTES issue 18).
+    mean = sparse.all_reduce_mean_at(x, indices, axis_name)
+    return mean, sparse.zero_at(x, indices, after=mean), state
 
   codec = LeafCodec(stateless_init, apply)
   return leafwise(memory.error_feedback(codec), seed=seed, agree_key_over=axis_name)
@@ -181,7 +180,7 @@ def heavymix(table, d: int, k: int, key, seed: int, random_fill: bool = True):
   # and comparison below is unchanged), so that its squares cannot overflow.
   big = numerics.FLOAT32_MAX
   table = jnp.nan_to_num(table, nan=0.0, posinf=big, neginf=-big)
-  table = table / numerics.power_of_two_above(jnp.max(jnp.abs(table)))
+  table = table / numerics.power_of_two_above(numerics.max_abs(table))
   l2 = count_sketch.l2_estimate(table)
   # l2 > 0 wherever a coordinate is heavy unless the rows disagree wildly;
   # the guard keeps the priority finite and > 1 then too.

@@ -113,9 +113,10 @@ def zero_at(
 ) -> jax.Array:
   """``x`` with the flat coordinates ``indices`` set to zero.
 
-  ``after``: the values gathered from ``x`` at ``indices``. The in-place
-  zeroing then waits for that gather (``kernels/ordering.py``); without the
-  dependency XLA copies ``x`` first (top-k: one gradient-sized copy a call).
+  ``after``: the values gathered from ``x`` at ``indices``, or anything
+  computed from them (their mean). The in-place zeroing then waits for that
+  gather (``kernels/ordering.py``); without the dependency XLA copies ``x``
+  first (top-k: one gradient-sized copy a call).
   """
   if after is not None:
     indices = indices + ordering.zero_after(after).astype(indices.dtype)

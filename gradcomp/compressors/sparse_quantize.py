@@ -76,7 +76,7 @@ def decode_slots(codes: jax.Array, threshold: float) -> tuple[jax.Array, jax.Arr
 def decode(codes: jax.Array, threshold: float, size: int) -> jax.Array:
   """Dense float32 vector of length ``size`` from one worker's codes."""
   values, indices = decode_slots(codes, threshold)
-  return jnp.zeros((size,), jnp.float32).at[indices].add(values, mode="drop")
+  return sparse.scatter_mean(values, indices, (size,), 1)
 
 
 def _gather_mean(codes, threshold: float, shape, axis_name) -> jax.Array:
