@@ -125,6 +125,27 @@ def test_table_ratio_takes_the_best_peer_doing_the_same_work():
   assert line[-1].endswith("| 25.0 / error | 0.80 |"), line[-1]
 
 
+def test_fused_layout_alone_times_only_the_one_buffer_variants(tmp_path):
+  from gradcomp.bench import compress
+
+  result = compress.run(
+    model="resnet20",
+    repeats=1,
+    only="randomk",
+    out_dir=str(tmp_path),
+    layouts=("fused",),
+  )
+  (row,) = result["rows"]
+  assert "layerwise" not in row and row["fused"]["median_ms"] > 0
+  for kind in ("plain", "ef"):
+    assert set(row["peers"][kind]) == {"one_buffer"}
+  table = compress.format_table(result).splitlines()
+  peer_line = [x for x in table if x.startswith("| randomk | — / ")]
+  assert peer_line and "| — / " in peer_line[0].split("| randomk |")[1]
+  with pytest.raises(ValueError, match="layouts"):
+    compress.run(model="resnet20", only="randomk", layouts=("fused", "rows"))
+
+
 def test_interleaved_rounds_rotate_and_prepare_before_timing():
   """Every round prepares all inputs first, then times each contender once,
   starting one later each round; each call gets its own round's input."""

@@ -37,6 +37,22 @@ def test_zero_after_of_an_empty_array():
   assert float(ordering.zero_after(jnp.zeros((0,), jnp.float32))) == 0.0
 
 
+@pytest.mark.parametrize("first", [0.0, -0.0, np.nan, -np.inf, 7.0])
+def test_one_device_exchange_hands_back_the_payload(first):
+  # exchange._on_one_device materialises the payload through a conditional
+  # whose predicate reads the first value; it must be true for every value.
+  from gradcomp.compressors import exchange
+
+  payload = {
+    "codes": jnp.array([first, 1.0, -2.0], jnp.float32),
+    "scale": jnp.array([0, 3], jnp.int8),
+  }
+  got = jax.jit(exchange._on_one_device)(payload)
+  for key in payload:
+    np.testing.assert_array_equal(got[key], payload[key])
+    assert got[key].dtype == payload[key].dtype
+
+
 @pytest.mark.parametrize("shape", [(), (7,), (3, 4, 5)])
 def test_sparse_helpers_on_the_leaf_shape_match_the_flat_view(shape):
   x = np.arange(1, math.prod(shape) + 1, dtype=np.float32).reshape(shape)

@@ -165,6 +165,56 @@ def test_fast_path_taken_on_layered_buffer():
   _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
 
 
+def _keys(rng, n, padding, tied):
+  """Non-negative int32 keys (many ties, or all distinct), then ``padding`` -1s."""
+  keys = rng.integers(0, 50, n) if tied else rng.permutation(n) * 7
+  keys = np.concatenate([keys, np.full(padding, -1)]).astype(np.int32)
+  return jnp.asarray(keys)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("form", ["bitwise", "sorted"])
+@pytest.mark.parametrize("n", [1, 37, 500])
+def test_kth_largest_forms(form, n, tied):
+  # The CPU form and the other backends' form, both against NumPy.
+  keys = _keys(np.random.default_rng(n), 600, 0, tied)
+  fn = getattr(selection, f"_kth_largest_{form}")
+  got = jax.jit(fn, static_argnums=1)(keys, n)
+  assert int(got) == np.sort(np.asarray(keys))[-n]
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("form", ["bitwise", "sorted"])
+@pytest.mark.parametrize("k", [1, 250, 600])
+def test_exact_select_forms(form, k, tied):
+  keys = _keys(np.random.default_rng(k), 600, 40, tied)
+  fn = getattr(selection, f"_exact_select_{form}")
+  pos = np.asarray(jax.jit(fn, static_argnums=1)(keys, k))
+  assert pos.dtype == np.int32 and np.unique(pos).shape[0] == k
+  want = np.sort(np.asarray(keys))[-k:]
+  np.testing.assert_array_equal(np.sort(np.asarray(keys)[pos]), want)
+
+
+@pytest.mark.parametrize("kind", ["gauss", "layered"])
+def test_sampled_path_with_the_sorted_form(kind, monkeypatch):
+  # What a GPU runs (lax.platform_dependent picks it off CPU), run here.
+  monkeypatch.setattr(selection, "_kth_largest", selection._kth_largest_sorted)
+  monkeypatch.setattr(selection, "_exact_select", selection._exact_select_sorted)
+  d, k = 1 << 16, 655
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.standard_normal(d) if kind == "gauss" else _layered(rng, d))
+  x = x.astype(jnp.float32)
+  assert not _fallback_taken(x, k, SMALL_SAMPLE)
+  sampled = jax.jit(lambda x: selection._sampled_top_k(x, k, SMALL_SAMPLE))
+  _check(x, k, *sampled(x))
+  values, indices = jax.jit(lambda x: selection.threshold_top_k(x, k, SMALL_SAMPLE))(x)
+  used = np.asarray(indices) < d
+  mag = np.abs(np.asarray(x))
+  assert np.all(np.asarray(values)[used] == np.asarray(x)[np.asarray(indices)[used]])
+  # Every kept magnitude is at least every unkept candidate's (exact within).
+  assert mag[np.asarray(indices)[used]].min() >= np.sort(mag)[-k]
+
+
 @pytest.mark.parametrize("n", [1, 31, 32, 33, 1000, 4097])
 def test_pack_unpack_matches_flatnonzero(n):
   rng = np.random.default_rng(n)

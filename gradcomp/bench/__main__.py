@@ -32,14 +32,18 @@ from gradcomp.models import shapes
 
 
 def _compress(args: argparse.Namespace) -> None:
-  compress.run(
-    model=args.model,
-    repeats=args.repeats,
-    only=args.only,
-    out_dir=args.out,
-    warmup=args.warmup,
-    with_peers=not args.no_peers,
-  )
+  try:
+    compress.run(
+      model=args.model,
+      repeats=args.repeats,
+      only=args.only,
+      out_dir=args.out,
+      warmup=args.warmup,
+      with_peers=not args.no_peers,
+      layouts=tuple(args.layouts.split(",")),
+    )
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench compress: error: {e}") from None
 
 
 def _sketch(args: argparse.Namespace) -> None:
@@ -429,6 +433,12 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument("--out", default="bench_out/", help="directory for compress.json")
   p.add_argument(
     "--no-peers", action="store_true", help="skip the naive-JAX peers (peers.py)"
+  )
+  p.add_argument(
+    "--layouts",
+    default="layerwise,fused",
+    help="gradcomp's layouts and the peers' matching ones (fused skips per-leaf "
+    "compiles)",
   )
   p.set_defaults(func=_compress)
   s = suites.add_parser(

@@ -279,6 +279,11 @@ def _build(cfg: CompressorConfig):
   return get(cfg.name, **cfg.kwargs)
 
 
+LAYOUTS = ("layerwise", "fused")
+# The peers' name for each of gradcomp's layouts.
+_PEER_LAYOUT = {"layerwise": "per_tensor", "fused": "one_buffer"}
+
+
 class Contender(NamedTuple):
   """One variant of a row (gradcomp in a layout, or a peer), ready to be timed
   call by call in rounds with the others (:func:`timing.interleaved`).
@@ -355,6 +360,7 @@ def run(
   warmup: int = 1,
   log=sys.stderr,
   with_peers: bool = True,
+  layouts: Sequence[str] = LAYOUTS,
 ) -> dict[str, Any]:
   """Runs the suite, prints the markdown table, writes ``<out_dir>/compress.json``.
 
@@ -364,7 +370,12 @@ def run(
   gradcomp's row has it, with it; ``row["peers"]`` holds those times. Where
   PyTorch is installed (``torch_peers.py``; not a gradcomp dependency), its
   peers are timed the same way into ``row["torch_peers"]``.
+
+  ``layouts`` picks gradcomp's layouts (``"layerwise"``, ``"fused"``) and the
+  peers' matching ones (per tensor, one buffer); fused alone skips the
+  per-leaf compiles, which take 16-60 s a row on a GPU.
   """
+  layouts = _check_layouts(layouts)
   configs = select(only)
   with_torch = with_peers and torch_peers.available()
   if with_peers and not with_torch:
@@ -396,7 +407,9 @@ def run(
       # Paper 000 Table 1 measured ResNet-50 only.
       "paper_v100_ms": cfg.paper_ms if model == "resnet50" else None,
     }
-    contenders = _row_contenders(cfg, layer, fused, warmup, with_peers, with_torch)
+    contenders = _row_contenders(
+      cfg, layer, fused, warmup, with_peers, with_torch, layouts
+    )
     built = []
     for path, make in contenders:
       try:
@@ -408,7 +421,7 @@ def run(
       _put(row, path, contender.result(t))
     del built
     gc.collect()
-    for layout in ("layerwise", "fused"):
+    for layout in layouts:
       res = row[layout]
       if "median_ms" in res and row["floor_ms"] > 0:
         res["ratio_to_floor"] = res["median_ms"] / row["floor_ms"]
@@ -433,6 +446,7 @@ def run(
     "num_params": d,
     "repeats": repeats,
     "warmup": warmup,
+    "layouts": list(layouts),
     "copy_bandwidth_gbps": gbps,
     "machine": info,
     "wall_s": time.perf_counter() - t_start,
@@ -445,17 +459,25 @@ def run(
   return result
 
 
-def _row_contenders(cfg, layer, fused, warmup, with_peers, with_torch):
-  """``(path in the row, build)`` for gradcomp's two layouts and the peers."""
+def _check_layouts(layouts: Sequence[str]) -> tuple[str, ...]:
+  layouts = tuple(layouts)
+  if not layouts or set(layouts) - set(LAYOUTS) or len(set(layouts)) < len(layouts):
+    raise ValueError(f"layouts must be distinct names from {LAYOUTS}, got {layouts}")
+  return layouts
+
+
+def _row_contenders(cfg, layer, fused, warmup, with_peers, with_torch, layouts):
+  """``(path in the row, build)`` for gradcomp's layouts and the peers'."""
+  trees = {"layerwise": layer, "fused": fused}
   out = [
-    ((layout,), functools.partial(layout_contender, cfg, tree, warmup=warmup))
-    for layout, tree in (("layerwise", layer), ("fused", fused))
+    ((layout,), functools.partial(layout_contender, cfg, trees[layout], warmup=warmup))
+    for layout in layouts
   ]
   label = cfg.label
   if not (with_peers and label in peers.PEERS):
     return out
   kinds = ("plain", "ef") if peers.PEERS[label][2] else ("plain",)
-  layouts = (("per_tensor", list(layer.values())), ("one_buffer", list(fused.values())))
+  layouts = [(_PEER_LAYOUT[layout], list(trees[layout].values())) for layout in layouts]
   for kind in kinds:
     for layout, tensors in layouts:
       build = functools.partial(
@@ -494,6 +516,13 @@ def _ms(x: float | None) -> str:
   return "" if x is None else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
 
+def _peer_cell(res: Mapping[str, Any] | None) -> str:
+  """A median, "error", or "—" for a layout that was not run."""
+  if res is None:
+    return "—"
+  return _ms(res.get("median_ms")) or "error"
+
+
 def format_table(result: Mapping[str, Any]) -> str:
   """Markdown table of a :func:`run` result."""
   m = result["machine"]
@@ -510,9 +539,13 @@ def format_table(result: Mapping[str, Any]) -> str:
   ]
   for row in result["rows"]:
     cells, ratios, firsts = [], [], []
-    for layout in ("layerwise", "fused"):
-      res = row[layout]
-      if "median_ms" in res:
+    for layout in LAYOUTS:
+      res = row.get(layout)
+      if res is None:  # Not run (``layouts``).
+        cells.append("—")
+        ratios.append("")
+        firsts.append("")
+      elif "median_ms" in res:
         cells.append(_ms(res["median_ms"]))
         r = res.get("ratio_to_floor")
         ratios.append("n/a" if r is None else f"{r:.1f}x")
@@ -529,8 +562,8 @@ def format_table(result: Mapping[str, Any]) -> str:
   errors = [
     (row["label"], layout, row[layout]["error"])
     for row in result["rows"]
-    for layout in ("layerwise", "fused")
-    if "error" in row[layout]
+    for layout in LAYOUTS
+    if "error" in row.get(layout, {})
   ]
   with_peers = [row for row in result["rows"] if "peers" in row]
   if with_peers:
@@ -554,20 +587,17 @@ def format_table(result: Mapping[str, Any]) -> str:
         for kind in ("plain", "ef"):
           q = (p or {}).get(kind)
           cells.append(
-            " / ".join(
-              _ms(q[lay].get("median_ms")) or "error"
-              for lay in ("per_tensor", "one_buffer")
-            )
+            " / ".join(_peer_cell(q.get(lay)) for lay in ("per_tensor", "one_buffer"))
             if q
             else "—"
           )
         if p:
           same = p.get("ef") or p["plain"]
-          same_work += [same["per_tensor"], same["one_buffer"]]
-      ours = _best(row["layerwise"], row["fused"])
+          same_work += [same.get("per_tensor", {}), same.get("one_buffer", {})]
+      ours = _best(*(row.get(lay, {}) for lay in LAYOUTS))
       theirs = _best(*same_work)
       ratio = "" if ours is None or theirs is None else f"{ours / theirs:.2f}"
-      gcs = " / ".join(_ms(row[lay].get("median_ms")) for lay in ("layerwise", "fused"))
+      gcs = " / ".join(_peer_cell(row.get(lay)) for lay in LAYOUTS)
       lines.append(f"| {row['label']} | {gcs} | {' | '.join(cells)} | {ratio} |")
   if errors:
     lines += ["", "errors:"] + [f"- {lbl} ({lay}): {err}" for lbl, lay, err in errors]
