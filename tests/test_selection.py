@@ -215,15 +215,21 @@ def test_sampled_path_with_the_sorted_form(kind, monkeypatch):
   assert mag[np.asarray(indices)[used]].min() >= np.sort(mag)[-k]
 
 
+@pytest.mark.parametrize("form", ["cpu", "other"])
 @pytest.mark.parametrize("n", [1, 31, 32, 33, 1000, 4097])
-def test_pack_unpack_matches_flatnonzero(n):
+def test_pack_unpack_matches_flatnonzero(n, form, monkeypatch):
+  if form == "other":  # What lax.platform_dependent picks off CPU.
+    monkeypatch.setattr(
+      selection, "_running", lambda x, kind: selection._CUMULATIVE[kind](x)
+    )
   rng = np.random.default_rng(n)
   mask = rng.random(n) < 0.3
   words, count = jax.jit(selection._pack)(jnp.asarray(mask))
   want = np.flatnonzero(mask)
   assert int(count) == want.shape[0]
   size = max(1, want.shape[0])
-  got = jax.jit(selection._unpack, static_argnums=(1, 2))(words, size, n)
+  unpack = jax.jit(lambda w: selection._unpack(w, size, n))  # Traced per form.
+  got = unpack(words)
   np.testing.assert_array_equal(np.asarray(got)[: want.shape[0]], want)
   assert np.all((np.asarray(got) >= 0) & (np.asarray(got) < n))
 
