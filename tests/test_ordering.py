@@ -113,3 +113,12 @@ def test_donated_update_needs_no_gradient_sized_temporary(name, kwargs, shape):
   # Threshold quantization copied both donated buffers (1.06) before its
   # writes were ordered after its payload; TernGrad materialised |g| (1.00).
   assert _temporaries_over_gradient(name, shape, **kwargs) < 0.25
+
+
+def test_onebit_on_one_column_needs_only_payload_sized_temporaries():
+  # A vector (a fused buffer) is one column. Before: 1.03 gradients (an int32
+  # count of every sign, and each column sum's select written out for
+  # XLA:CPU's YNNPACK reduction). What remains is work on the d/8 payload
+  # bytes: their uint32 row sums (1/8 of the gradient's bytes), the bytes
+  # (1/32) and their int32 popcounts (1/8), 0.28 in all.
+  assert _temporaries_over_gradient("onebit_sgd", (SIZE,)) < 0.3

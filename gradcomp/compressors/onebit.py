@@ -13,12 +13,13 @@ import math
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
 
 from gradcomp.compressors import exchange
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.memory import error_feedback
 from gradcomp.compressors.spec import recorded
-from gradcomp.kernels import bits
+from gradcomp.kernels import bits, ordering
 
 
 def column_shape(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -37,40 +38,80 @@ def column_shape(shape: tuple[int, ...]) -> tuple[int, int]:
   return math.prod(shape[:-1]), shape[-1]
 
 
-def column_means(m: jax.Array) -> tuple[jax.Array, jax.Array]:
+def column_counts(m: jax.Array, packed: jax.Array) -> jax.Array:
+  """Per column of ``m``, the number of entries ``>= 0`` (int32).
+
+  One column (a vector, a fused buffer) counts the set bits of its payload
+  ``packed`` (``jnp.packbits(m >= 0)``, zero-padded): 1/32 of the bytes of an
+  int32 count of ``m``, which XLA:CPU also wrote to memory in full.
+  """
+  if m.shape[1] == 1:
+    return jnp.sum(lax.population_count(packed), dtype=jnp.int32)[None]
+  return jnp.sum(m >= 0, axis=0, dtype=jnp.int32)
+
+
+def column_means(
+  m: jax.Array, n_pos: jax.Array, zero: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   """Per column of ``m``: the mean of its entries ``>= 0`` and of its entries ``< 0``.
 
-  A column with no entry in a group gets 0 for that group (nothing decodes to
-  it). Each entry is multiplied by ``1 / count`` before the column sum (scale
-  before you sum), so the means of finite entries are finite.
+  ``n_pos`` is :func:`column_counts`; ``zero`` a traced ``+0.0``
+  (``kernels/ordering.py``). A column with no entry in a group gets 0 for
+  that group (nothing decodes to it). Each entry is multiplied by
+  ``1 / count`` before the column sum (scale before you sum), so the means
+  of finite entries are finite.
+
+  One column sums ``max(m, 0)`` and ``min(m, 0)`` (the same terms as a
+  select, up to the sign of a zero): XLA:CPU's YNNPACK reduction takes a
+  select from memory, a gradient-sized temporary per sum, and a constant
+  zero's broadcast too, hence the traced one (BUILD_NOTES, issue 18).
   """
   rows = m.shape[0]
-  pos = m >= 0
-  n_pos = jnp.sum(pos, axis=0, dtype=jnp.int32)
   inv_pos = 1.0 / jnp.maximum(n_pos, 1).astype(jnp.float32)
   inv_neg = 1.0 / jnp.maximum(rows - n_pos, 1).astype(jnp.float32)
+  if m.shape[1] == 1:
+    v = m.reshape(-1)
+    mean_pos = jnp.sum(jnp.maximum(v, zero) * inv_pos[0])
+    mean_neg = jnp.sum(jnp.minimum(v, zero) * inv_neg[0])
+    return mean_pos[None], mean_neg[None]
+  pos = m >= 0
   mean_pos = jnp.sum(jnp.where(pos, m * inv_pos, 0.0), axis=0)
   mean_neg = jnp.sum(jnp.where(pos, 0.0, m * inv_neg), axis=0)
   return mean_pos, mean_neg
 
 
 def column_sign_codec(axis_name: exchange.AxisName) -> LeafCodec:
-  """One bit per value and two float32 per column, all-gathered (no memory)."""
+  """One bit per value and two float32 per column, all-gathered (no memory).
+
+  Passes over memory, with error feedback around it (``x = r + g`` built in
+  each pass): the payload's bits, the column sums, the remainder written
+  over ``r`` (from ``x`` and the means: the bits are not unpacked for it),
+  the output written over ``g``. The sums wait for the payload (through
+  the counts and the zero read from it) and the output for the remainder
+  (``kernels/ordering.py``).
+  """
 
   def apply(x, state, key, step):
     del key, step
     rows, cols = column_shape(x.shape)
     size = rows * cols
     m = x.reshape(rows, cols)
-    mean_pos, mean_neg = column_means(m)
-    packed = bits.pack_signs(m)  # bit 1 where m >= 0, row-major
+    # jnp.packbits's row sum, not bits.pack_signs's OR (the same bytes): a
+    # reduction is computed once, in memory, so the counts and zero read
+    # from it come after it (signs.py says the same).
+    packed = jnp.packbits(m.reshape(-1) >= 0)
+    zero = ordering.zero_after(packed)
+    mean_pos, mean_neg = column_means(m, column_counts(m, packed), zero)
+    remainder = m - jnp.where(m >= 0, mean_pos, mean_neg)
 
     def decode(p, high, low):
       ones = bits.unpack_signs(p, size).reshape(rows, cols) > 0
       return jnp.where(ones, high, low).reshape(x.shape)
 
-    mean = exchange.gathered_mean((packed, mean_pos, mean_neg), decode, axis_name)
-    return mean, x - decode(packed, mean_pos, mean_neg), state
+    after = ordering.zero_after(remainder)
+    sent = (packed, mean_pos + after, mean_neg + after)
+    mean = exchange.gathered_mean(sent, decode, axis_name)
+    return mean, remainder.reshape(x.shape), state
 
   return LeafCodec(stateless_init, apply)
 
