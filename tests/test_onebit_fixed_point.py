@@ -75,6 +75,15 @@ def test_codes_round_trip_packed(width, size):
   np.testing.assert_array_equal(bits.unpack_codes(packed, width, size), codes)
 
 
+@pytest.mark.parametrize("shape", [(1, 1000), (3, 32), (2, 45), (4, 7), (2, 0)])
+def test_row_counts_match_numpy(shape):
+  # Words of 32 plus a ragged end; the dynamic fixed point's overflow rates.
+  mask = np.random.default_rng(shape[1]).random(shape) < 0.3
+  got = jax.jit(bits.row_counts)(jnp.asarray(mask))
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, mask.sum(axis=1))
+
+
 # -- 1-bit SGD ---------------------------------------------------------------
 
 

@@ -122,3 +122,14 @@ def test_onebit_on_one_column_needs_only_payload_sized_temporaries():
   # bytes: their uint32 row sums (1/8 of the gradient's bytes), the bytes
   # (1/32) and their int32 popcounts (1/8), 0.28 in all.
   assert _temporaries_over_gradient("onebit_sgd", (SIZE,)) < 0.3
+
+
+def test_dynamic_fixed_point_writes_its_output_over_the_gradient():
+  # The output (decoded from the payload) overwrites the donated gradient; it
+  # must wait for both overflow counts, which read the gradient too. With
+  # the order read from one count only, XLA copied the whole gradient.
+  tx = gradcomp.get("dynamic_fixed_point", bits=12)
+  grads = {"w": jnp.zeros((SIZE,), jnp.float32)}
+  update = jax.jit(lambda g, s: tx.update(g, s, None), donate_argnums=(0, 1))
+  text = update.lower(grads, tx.init(grads)).compile().as_text()
+  assert f"f32[{SIZE}]{{0}} copy(" not in text

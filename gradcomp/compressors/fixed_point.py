@@ -30,6 +30,7 @@ from gradcomp.compressors import checks, exchange, memory
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.spec import recorded
 from gradcomp.kernels import bits as bitpack
+from gradcomp.kernels import ordering
 from gradcomp.kernels.hashing import hash_uniform
 
 # The step eps = 2^e must be a normal float32 (CPUs flush subnormals) and the
@@ -359,10 +360,16 @@ def dynamic_fixed_point(
     for p, e, u_p in zip(parts, per_part(exponent, layout), uniforms, strict=True):
       s = p * _pow2(-e)  # exact: a power of two, +-Inf where |s| overflows
       codes.append(to_codes(s, bits, u_p).reshape(-1))
-      rates.append(jnp.mean((s > high) | (s < low), axis=1))
-      rates_1.append(jnp.mean((2 * s > high) | (2 * s < low), axis=1))
+      length = p.shape[1]
+      rates.append(bitpack.row_counts((s > high) | (s < low)) / length)
+      rates_1.append(bitpack.row_counts((2 * s > high) | (2 * s < low)) / length)
     codes = jnp.concatenate(codes)
-    payload = (bitpack.pack_codes(codes, bits), exponent.astype(jnp.int8))
+    # The payload waits for both overflow counts, so the output (decoded
+    # from it) is written over x's buffer only once they have read x;
+    # without the order XLA copied x (kernels/ordering.py).
+    after = ordering.zero_after(jnp.concatenate(rates) + jnp.concatenate(rates_1))
+    sent_exponent = exponent + after.astype(jnp.int32)
+    payload = (bitpack.pack_codes(codes, bits), sent_exponent.astype(jnp.int8))
 
     def decode(packed, exps):
       c = bitpack.unpack_codes(packed, bits, size).astype(jnp.float32)
