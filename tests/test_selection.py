@@ -45,14 +45,22 @@ def _layered(rng, d, segments=161):
   return rng.standard_normal(d) * np.repeat(scales, sizes)
 
 
-def _fallback_taken(x, k, sample_size):
-  """Whether the sampled path must fall back, recomputed in NumPy."""
+def _tier(x, k, sample_size):
+  """Which branch the sampled path takes, recomputed in NumPy: "fast" (the
+  candidates fit the capacity), "wide" (they fit the wider one) or "whole"."""
   d = x.shape[0]
   stride, r, capacity = selection._plan(d, k, sample_size)
   mag = np.abs(np.asarray(x.astype(jnp.float32)))
   threshold = np.sort(mag[::stride])[-r]
   count = np.sum(mag >= threshold)
-  return not k <= count <= capacity
+  if k <= count <= capacity:
+    return "fast"
+  return "wide" if k <= count <= min(d, selection._WIDE * capacity) else "whole"
+
+
+def _fallback_taken(x, k, sample_size):
+  """Whether the sampled path leaves its first capacity."""
+  return _tier(x, k, sample_size) != "fast"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -140,7 +148,23 @@ def test_fallback_when_sample_underestimates():
   off_sample = np.arange(d) % stride != 0
   xn[off_sample] *= 1e6
   x = jnp.asarray(xn, jnp.float32)
-  assert _fallback_taken(x, k, SMALL_SAMPLE)
+  assert _tier(x, k, SMALL_SAMPLE) == "whole"
+  _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_wider_capacity_when_ties_at_the_threshold_overflow(dtype):
+  # k / 2 large distinct values, then twice the capacity of copies of one
+  # value: the sampled threshold lands on the tie, whose count overflows the
+  # capacity but not the wider one (sketch_topk's priorities do this).
+  d, k = 1 << 16, 655
+  _, _, capacity = selection._plan(d, k, SMALL_SAMPLE)
+  rng = np.random.default_rng(6)
+  xn = rng.uniform(0.0, 0.5, d)
+  xn[: k // 2] = rng.uniform(2.0, 3.0, k // 2)
+  xn[k // 2 : k // 2 + 2 * capacity] = 1.0
+  x = jnp.asarray(rng.permutation(xn) * rng.choice([-1.0, 1.0], d), dtype)
+  assert _tier(x, k, SMALL_SAMPLE) == "wide"
   _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
 
 
@@ -153,7 +177,7 @@ def test_fallback_when_sample_overestimates():
   xn = rng.standard_normal(d)
   xn[::stride] *= 1e3
   x = jnp.asarray(xn, jnp.float32)
-  assert _fallback_taken(x, k, SMALL_SAMPLE)
+  assert _tier(x, k, SMALL_SAMPLE) == "whole"
   _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
 
 
