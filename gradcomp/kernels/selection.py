@@ -173,8 +173,9 @@ def _whole_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
   On CPU by counting bits over every key (31 passes, ~0.1 s on 25.6M
   values) rather than ``lax.top_k`` (0.5-0.7 s); ``lax.top_k`` elsewhere.
-  Heavily tied data takes this path: ``sketch_topk``'s priorities take a few
-  values per sketch bucket, and half its ResNet-50 calls fell back.
+  Heavily tied data came here before the wider capacity: ``sketch_topk``'s
+  priorities take a few values per sketch bucket, and 3 of 5 calls of a
+  profiled ResNet-50 run fell back (BUILD_NOTES, issue 18).
   """
 
   def by_counting(x):
