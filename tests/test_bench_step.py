@@ -90,14 +90,21 @@ def test_suite_writes_json_table_and_chart(tiny):
 
 def test_times_and_throughput(tiny):
   _, result, _ = tiny
+  calibration = result["calibration"]
   for r in result["rows"]:
     assert r["groups"] == 1
     assert r["compile_s"] > 0 and r["measured_ms"] > 0 and r["predicted_ms"] > 0
     assert r["samples_per_s"] == pytest.approx(BATCH / (r["measured_ms"] / 1e3))
   none, topk = result["rows"]
-  # The dense single step calibrates the compute time, so it is predicted exactly.
+  # The dense single step calibrates the compute time, so it is predicted
+  # exactly, unless the model's launch, compression and exchange alone
+  # exceed it (on a loaded machine the profile can read high): compute is
+  # then 0 and the prediction is that overhead, above the measurement.
   assert none["calibration"] and not topk["calibration"]
-  assert none["predicted_ms"] == pytest.approx(none["measured_ms"], rel=1e-9)
+  if calibration["compute_ms"] > 0:
+    assert none["predicted_ms"] == pytest.approx(none["measured_ms"], rel=1e-9)
+  else:
+    assert none["predicted_ms"] > none["measured_ms"]
   # Top-k (1%) sends far fewer bytes than the dense all-reduce.
   assert topk["wire_bytes"] < none["wire_bytes"] / 10
 

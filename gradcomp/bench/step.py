@@ -24,7 +24,9 @@ plan (``layerwise``, ``single``, ``auto``):
   backward (1 : 2), split over the leaves by their forward FLOPs
   (``shapes.derive`` of the flax model, as ``shapes.forward_flops``). That
   one step is the calibration point, so its prediction equals its
-  measurement by construction (marked in the table).
+  measurement by construction (marked in the table), unless the predicted
+  launch, compression and exchange alone exceed it: compute is then 0 and
+  the prediction that overhead (a profile read on a loaded machine).
 * ``auto`` is the §4.3 heuristic's plan under that calibrated model (what
   ``layerfusion`` would choose for this machine), not the training program's
   ``plan="auto"``, which plans for a nominal 20 Gbps cluster. When it equals
