@@ -46,16 +46,17 @@ def _layered(rng, d, segments=161):
 
 
 def _tier(x, k, sample_size):
-  """Which branch the sampled path takes, recomputed in NumPy: "fast" (the
-  candidates fit the capacity), "wide" (they fit the wider one) or "whole"."""
+  """Which candidates the sampled path takes, recomputed in NumPy: "fast"
+  (those at or above the threshold), "strict" (those above it) or "whole"."""
   d = x.shape[0]
   stride, r, capacity = selection._plan(d, k, sample_size)
   mag = np.abs(np.asarray(x.astype(jnp.float32)))
   threshold = np.sort(mag[::stride])[-r]
   count = np.sum(mag >= threshold)
-  if k <= count <= capacity:
-    return "fast"
-  return "wide" if k <= count <= min(d, selection._WIDE * capacity) else "whole"
+  if count > capacity:
+    count = np.sum(mag > threshold)
+    return "strict" if k <= count <= capacity else "whole"
+  return "fast" if count >= k else "whole"
 
 
 def _fallback_taken(x, k, sample_size):
@@ -153,19 +154,27 @@ def test_fallback_when_sample_underestimates():
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_wider_capacity_when_ties_at_the_threshold_overflow(dtype):
-  # k / 2 large distinct values, then twice the capacity of copies of one
+def test_keys_above_a_tied_threshold_when_the_ties_overflow(dtype, monkeypatch):
+  # 1.05 k large distinct values, then twice the capacity of copies of one
   # value: the sampled threshold lands on the tie, whose count overflows the
-  # capacity but not the wider one (sketch_topk's priorities do this).
+  # capacity, while the keys above it fit (sketch_topk's priorities do this).
   d, k = 1 << 16, 655
   _, _, capacity = selection._plan(d, k, SMALL_SAMPLE)
   rng = np.random.default_rng(6)
+  n_big = k + k // 20
   xn = rng.uniform(0.0, 0.5, d)
-  xn[: k // 2] = rng.uniform(2.0, 3.0, k // 2)
-  xn[k // 2 : k // 2 + 2 * capacity] = 1.0
+  xn[:n_big] = rng.uniform(2.0, 3.0, n_big)
+  xn[n_big : n_big + 2 * capacity] = 1.0
   x = jnp.asarray(rng.permutation(xn) * rng.choice([-1.0, 1.0], d), dtype)
-  assert _tier(x, k, SMALL_SAMPLE) == "wide"
-  _check(x, k, *_sampled(x, k, SMALL_SAMPLE))
+  assert _tier(x, k, SMALL_SAMPLE) == "strict"
+  # A wrong fallback, so that only the strict candidates can pass the check.
+  monkeypatch.setattr(
+    selection,
+    "_direct_top_k",
+    lambda x, k: (jnp.zeros(k, x.dtype), jnp.zeros(k, jnp.int32)),
+  )
+  sampled = jax.jit(lambda x: selection._sampled_top_k(x, k, SMALL_SAMPLE))
+  _check(x, k, *sampled(x))
 
 
 def test_fallback_when_sample_overestimates():

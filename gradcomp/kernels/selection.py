@@ -27,9 +27,10 @@ the true top-k (up to ties at the k-th magnitude) has ``|x| >= t`` and is a
 candidate, so an exact top-k of the candidates is an exact top-k of ``x``.
 That premise and "all candidates fit in ``capacity``" are checked at run time
 by counting; when either fails (an unlucky sample, an adversarial layout, or
-massive ties such as a mostly-zero buffer) a ``lax.cond`` runs an exact top-k
-of the whole buffer instead (step 4 over every key on CPU, ``lax.top_k``
-elsewhere). The result is always exact; only the time changes. (Under ``vmap`` the cond becomes a select that runs both branches.)
+massive ties such as a mostly-zero buffer) a ``lax.cond`` runs ``lax.top_k``
+over the whole buffer instead. Before that, when ties at the threshold make
+the count overflow, the keys strictly above it are tried as candidates. The
+result is always exact; only the time changes. (Under ``vmap`` the cond becomes a select that runs both branches.)
 
 **Backends.** The two selections on ~k elements (the sample's r-th largest
 key, the exact top-k of the candidates) count bit by bit on CPU, where
@@ -62,9 +63,6 @@ _SAMPLE_SIZE = 1 << 18
 # Margin, in binomial standard deviations, on both sides of the sampled
 # threshold; the fallback probability on exchangeable data is ~1e-7.
 _SIGMAS = 5.0
-# The second, wider candidate capacity (in capacities) tried before the whole
-# buffer's top-k.
-_WIDE = 4
 _WORD = 32
 
 
@@ -78,7 +76,7 @@ def top_k_magnitude(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
   Small problems use ``lax.top_k`` directly. Otherwise (see the module
   docstring) a sampled threshold selects a few more than ``k`` candidates,
-  which are compacted and then selected exactly, with an exact top-k of the
+  which are compacted and then selected exactly, with ``lax.top_k`` over the
   whole buffer as the fallback when the sample misses.
 
   Args:
@@ -143,48 +141,26 @@ def _sampled_top_k(x: jax.Array, k: int, sample_size: int):
   threshold = _kth_largest(_magnitude_keys(x[::stride]), r)
   words, count = _pack(_magnitude_keys(x) >= threshold)
 
-  def from_candidates(size):
-    cand = _unpack(words, size, d)
+  def strictly_above():
+    return _pack(_magnitude_keys(x) > threshold)
+
+  # Ties at the threshold can push the count past the capacity (sketch_topk's
+  # priorities take a few values per sketch bucket; 3 of 5 calls of a
+  # profiled ResNet-50 run fell back). The keys strictly above it, when k to
+  # capacity of them, hold the whole buffer's top-k as well.
+  words, count = lax.cond(count <= capacity, lambda: (words, count), strictly_above)
+
+  def from_candidates():
+    cand = _unpack(words, capacity, d)
     cand_values = x[cand]  # The only random access into the big buffer.
     # Slots past the count get key -1, below every real key.
-    valid = jnp.arange(size) < count
+    valid = jnp.arange(capacity) < count
     cand_keys = jnp.where(valid, _magnitude_keys(cand_values), -1)
     chosen = _exact_select(cand_keys, k)
     return cand_values[chosen], cand[chosen]
 
-  # Too many candidates for the capacity, yet few enough for a wider one:
-  # ties at the threshold do that (a few values shared by many keys, as
-  # sketch_topk's priorities are), so the whole buffer's top-k is kept for
-  # a threshold above the k-th key or for far more candidates.
-  wide = min(d, _WIDE * capacity)
-
-  def past_capacity():
-    fits = (count >= k) & (count <= wide)
-    return lax.cond(
-      fits, functools.partial(from_candidates, wide), lambda: _whole_top_k(x, k)
-    )
-
   ok = (count >= k) & (count <= capacity)
-  return lax.cond(ok, functools.partial(from_candidates, capacity), past_capacity)
-
-
-def _whole_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """The sampled path's fallback: an exact top-k of the whole buffer.
-
-  On CPU by counting bits over every key (31 passes, ~0.1 s on 25.6M
-  values) rather than ``lax.top_k`` (0.5-0.7 s); ``lax.top_k`` elsewhere.
-  Heavily tied data came here before the wider capacity: ``sketch_topk``'s
-  priorities take a few values per sketch bucket, and 3 of 5 calls of a
-  profiled ResNet-50 run fell back (BUILD_NOTES, issue 18).
-  """
-
-  def by_counting(x):
-    chosen = _exact_select_bitwise(_magnitude_keys(x), k)
-    return x[chosen], chosen
-
-  return lax.platform_dependent(
-    x, cpu=by_counting, default=functools.partial(_direct_top_k, k=k)
-  )
+  return lax.cond(ok, from_candidates, lambda: _direct_top_k(x, k))
 
 
 def _kth_largest(keys: jax.Array, n: int) -> jax.Array:
