@@ -516,8 +516,8 @@ def _ms(x: float | None) -> str:
   return "" if x is None else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
 
-def _peer_cell(res: Mapping[str, Any] | None) -> str:
-  """A median, "error", or "—" for a layout that was not run."""
+def _cell(res: Mapping[str, Any] | None) -> str:
+  """A table cell: a median, "error", or "—" for a layout that was not run."""
   if res is None:
     return "—"
   return _ms(res.get("median_ms")) or "error"
@@ -587,7 +587,7 @@ def format_table(result: Mapping[str, Any]) -> str:
         for kind in ("plain", "ef"):
           q = (p or {}).get(kind)
           cells.append(
-            " / ".join(_peer_cell(q.get(lay)) for lay in ("per_tensor", "one_buffer"))
+            " / ".join(_cell(q.get(lay)) for lay in ("per_tensor", "one_buffer"))
             if q
             else "—"
           )
@@ -597,7 +597,7 @@ def format_table(result: Mapping[str, Any]) -> str:
       ours = _best(*(row.get(lay, {}) for lay in LAYOUTS))
       theirs = _best(*same_work)
       ratio = "" if ours is None or theirs is None else f"{ours / theirs:.2f}"
-      gcs = " / ".join(_peer_cell(row.get(lay)) for lay in LAYOUTS)
+      gcs = " / ".join(_cell(row.get(lay)) for lay in LAYOUTS)
       lines.append(f"| {row['label']} | {gcs} | {' | '.join(cells)} | {ratio} |")
   if errors:
     lines += ["", "errors:"] + [f"- {lbl} ({lay}): {err}" for lbl, lay, err in errors]

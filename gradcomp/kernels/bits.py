@@ -37,28 +37,39 @@ def unpack_signs(bits: jax.Array, size: int) -> jax.Array:
   return 2.0 * b - 1.0
 
 
-_WORD_SHIFTS = np.arange(32, dtype=np.uint32)
+WORD = 32  # bits in a word of pack_words
+_WORD_SHIFTS = np.arange(WORD, dtype=np.uint32)
+
+
+def pack_words(mask: jax.Array) -> jax.Array:
+  """A boolean mask packed along its last axis, 32 entries to a uint32 word.
+
+  Bit ``j`` of word ``w`` is ``mask[..., 32 * w + j]``; a ragged end of
+  fewer than 32 entries is one more word, without padding the whole mask.
+  The words are a row sum over a short minor axis, which XLA:CPU fuses with
+  the computation of the mask and runs multi-threaded.
+  """
+  *lead, n = mask.shape
+  body = n - n % WORD
+  grouped = mask[..., :body].reshape(*lead, body // WORD, WORD).astype(jnp.uint32)
+  words = jnp.sum(grouped << _WORD_SHIFTS, axis=-1, dtype=jnp.uint32)
+  if body == n:
+    return words
+  # Not summed apart: XLA recomputed such a sum inside later consumers.
+  tail = mask[..., body:].astype(jnp.uint32) << _WORD_SHIFTS[: n - body]
+  tail = jnp.sum(tail, axis=-1, dtype=jnp.uint32)[..., None]
+  return jnp.concatenate([words, tail], axis=-1)
 
 
 def row_counts(mask: jax.Array) -> jax.Array:
   """int32 number of set entries in each row of a 2-D boolean ``mask``.
 
-  Each row is packed 32 entries to a uint32 word (a row sum over a short
-  minor axis, which XLA:CPU fuses with the computation of the mask), then the
-  words' popcounts are summed; a ragged end of fewer than 32 is summed as is.
-  ``jnp.sum(mask, axis=1)`` writes the mask, converted, to memory on XLA:CPU
-  first (its YNNPACK reduction takes its operand from memory): 4 bytes per
-  entry against 1/8 here (BUILD_NOTES, issue 18).
+  The popcounts of :func:`pack_words`. ``jnp.sum(mask, axis=1)`` writes the
+  mask, converted, to memory on XLA:CPU first (its YNNPACK reduction takes
+  its operand from memory): 4 bytes per entry against 1/8 here (BUILD_NOTES,
+  issue 18).
   """
-  rows, n = mask.shape
-  body = n - n % 32
-  grouped = mask[:, :body].reshape(rows, body // 32, 32).astype(jnp.uint32)
-  words = [jnp.sum(grouped << _WORD_SHIFTS, axis=2, dtype=jnp.uint32)]
-  if body < n:  # The ragged end as one more word (not summed apart: XLA
-    # recomputed such a sum inside later consumers of the count).
-    tail = mask[:, body:].astype(jnp.uint32) << _WORD_SHIFTS[: n - body]
-    words.append(jnp.sum(tail, axis=1, dtype=jnp.uint32)[:, None])
-  words = jnp.concatenate(words, axis=1)
+  words = pack_words(mask)
   return jnp.sum(jax.lax.population_count(words), axis=1, dtype=jnp.int32)
 
 

@@ -30,7 +30,8 @@ by counting; when either fails (an unlucky sample, an adversarial layout, or
 massive ties such as a mostly-zero buffer) a ``lax.cond`` runs ``lax.top_k``
 over the whole buffer instead. Before that, when ties at the threshold make
 the count overflow, the keys strictly above it are tried as candidates. The
-result is always exact; only the time changes. (Under ``vmap`` the cond becomes a select that runs both branches.)
+result is always exact; only the time changes. (Under ``vmap`` the cond
+becomes a select that runs both branches.)
 
 **Backends.** The two selections on ~k elements (the sample's r-th largest
 key, the exact top-k of the candidates) count bit by bit on CPU, where
@@ -52,6 +53,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from gradcomp.kernels import bits
+
 # XLA:CPU's lax.top_k costs ~O(d + k log k) with a large k term; the sampled
 # path costs ~0.3 ms + O(d) whatever k. Measured on 2 cores, lax.top_k is
 # faster for tiny arrays, and up to 2^18 elements when k <= d/100.
@@ -63,7 +66,6 @@ _SAMPLE_SIZE = 1 << 18
 # Margin, in binomial standard deviations, on both sides of the sampled
 # threshold; the fallback probability on exchangeable data is ~1e-7.
 _SIGMAS = 5.0
-_WORD = 32
 
 
 def top_k_magnitude(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -239,19 +241,8 @@ def _exact_select_bitwise(keys: jax.Array, k: int) -> jax.Array:
 
 
 def _pack(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Packs a boolean mask 32 per uint32 word; returns (words, popcount total).
-
-  Bit j of word w is ``mask[32 * w + j]``. Reducing along a short minor axis
-  keeps the pass fused with the mask computation and multi-threaded.
-  """
-  n = mask.shape[0]
-  body = n - n % _WORD
-  shifts = jnp.arange(_WORD, dtype=jnp.uint32)
-  rows = mask[:body].reshape(-1, _WORD).astype(jnp.uint32)
-  words = jnp.sum(rows << shifts, axis=1, dtype=jnp.uint32)
-  if body < n:  # Ragged tail: one more word, without padding the whole mask.
-    tail = mask[body:].astype(jnp.uint32) << shifts[: n - body]
-    words = jnp.concatenate([words, jnp.sum(tail, dtype=jnp.uint32)[None]])
+  """A 1-D boolean mask as ``bits.pack_words``; returns (words, popcount total)."""
+  words = bits.pack_words(mask)
   return words, jnp.sum(lax.population_count(words), dtype=jnp.int32)
 
 
@@ -281,7 +272,7 @@ def _unpack(words: jax.Array, size: int, length: int) -> jax.Array:
     rank = jnp.where(skip, rank - low, rank)
     word = jnp.where(skip, word >> width, word)
     bit = jnp.where(skip, bit + width, bit)
-  return jnp.minimum(owner * _WORD + bit, length - 1)
+  return jnp.minimum(owner * bits.WORD + bit, length - 1)
 
 
 _ASSOCIATIVE = {"sum": jnp.add, "max": jnp.maximum}
