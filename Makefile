@@ -8,7 +8,7 @@ CONSTRAINTS ?= constraints.txt
 # Two pytest workers: XLA compiles on one thread, so two nearly halve the suite.
 PYTEST_WORKERS ?= 2
 
-.PHONY: run demo test lock bench clean
+.PHONY: run demo test docs lock bench clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,7 @@ lock:
 	rm -rf .lock-venv
 
 WORKDIR ?= workdirs/default
+LINTED := gradcomp tests train configs conftest.py docs/conf.py
 
 # The default training job (configs/default.py); re-running resumes from WORKDIR.
 run: $(STAMP)
@@ -36,11 +37,18 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m gradcomp.demo
 
+# ruff, the import contract, then one pytest run: the tests, every docstring
+# example (--doctest-modules), every page example (Sybil, conftest.py) and the
+# site's build with warnings as errors (tests/test_docs.py).
 test: $(STAMP)
-	$(PY) -m ruff format --check gradcomp tests train configs
-	$(PY) -m ruff check gradcomp tests train configs
+	$(PY) -m ruff format --check $(LINTED)
+	$(PY) -m ruff check $(LINTED)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules tests gradcomp docs
+
+# The documentation site, with warnings as errors: open docs/_build/html/index.html.
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
 # Benchmarks run on the allocator a user's process has (glibc): the
 # compressors write into donated buffers rather than fresh 100 MB temporaries
@@ -50,4 +58,4 @@ bench: $(STAMP)
 	$(PY) -m gradcomp.bench sketch
 
 clean:
-	rm -rf $(VENV) .lock-venv bench_out workdirs .pytest_cache
+	rm -rf $(VENV) .lock-venv bench_out workdirs .pytest_cache docs/_build docs/api/_autosummary

@@ -143,7 +143,7 @@ def cluster(**kwargs) -> ml_collections.ConfigDict:
   sharded_parameter_server, or best, the cheapest per message size), e.g.
   ``--config.cluster.allreduce=rabenseifner``; ``servers`` and ``colocated``
   shape the sharded parameter server, ``workers_per_node`` and the intra-node
-  link the hierarchical one. The defaults are ``gradcomp.Cluster``'s.
+  link the hierarchical one. The defaults are ``gradcomp.sim.Cluster``'s.
   """
   c = ml_collections.ConfigDict()
   c.bandwidth_gbps = 20.0

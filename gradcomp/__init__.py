@@ -1,10 +1,26 @@
 """gradcomp: gradient compression for communication-efficient data-parallel JAX.
 
 Every compressor is an ``optax.GradientTransformation`` whose ``update`` returns
-the mean over workers (``axis_name``) of the decompressed gradients. See
-DESIGN §1 and the README.
+the mean over workers (``axis_name``) of the decompressed gradients. This
+namespace holds what a training script uses: the compressors and the parts to
+build one, ``layerfusion`` and its ``Plan``, the training schemes, the
+compressor registry, ``wire_bytes`` and the worker-axis helpers. The rest lives
+in subpackages:
+
+* :mod:`gradcomp.fusion` -- LayerFusion's planner: gradient order, profiles,
+  the searches.
+* :mod:`gradcomp.sim` -- described clusters, the cost model, the timeline
+  simulator and simulated time.
+* :mod:`gradcomp.topology` -- gossip topologies.
+* :mod:`gradcomp.edgegossip` -- paper 002's components (imported on its own:
+  ``from gradcomp import edgegossip``, as it loads scikit-learn).
+
+The version is 0.x: names may move between minor versions, without aliases.
 """
 
+from gradcomp import fusion as fusion
+from gradcomp import sim as sim
+from gradcomp import topology as topology
 from gradcomp.compressors.base import CompressorState as CompressorState
 from gradcomp.compressors.base import LeafCodec as LeafCodec
 from gradcomp.compressors.base import leafwise as leafwise
@@ -32,23 +48,8 @@ from gradcomp.compressors.sketch_topk import sketch_topk as sketch_topk
 from gradcomp.compressors.sparse_quantize import sparse_quantize as sparse_quantize
 from gradcomp.compressors.threshold import threshold_quantize as threshold_quantize
 from gradcomp.compressors.topk import topk as topk
-from gradcomp.fusion.fused import LayerFusionState as LayerFusionState
-from gradcomp.fusion.gradient_order import gradient_order as gradient_order
-from gradcomp.fusion.layerfusion import auto_plan as auto_plan
 from gradcomp.fusion.layerfusion import layerfusion as layerfusion
 from gradcomp.fusion.plan import Plan as Plan
-from gradcomp.fusion.profiling import profile as profile
-from gradcomp.fusion.profiling import profile_for as profile_for
-from gradcomp.fusion.search import heuristic_search as heuristic_search
-from gradcomp.fusion.search import optimal_search as optimal_search
-from gradcomp.fusion.search import search_plan as search_plan
-from gradcomp.parallel.topology import Topology as Topology
-from gradcomp.parallel.topology import complete as complete
-from gradcomp.parallel.topology import exponential as exponential
-from gradcomp.parallel.topology import get as get_topology  # noqa: F401 (get: the registry)
-from gradcomp.parallel.topology import one_peer_exponential as one_peer_exponential
-from gradcomp.parallel.topology import ring as ring
-from gradcomp.parallel.topology import torus as torus
 from gradcomp.parallel.wire import wire_bytes as wire_bytes
 from gradcomp.parallel.workers import add_worker_axis as add_worker_axis
 from gradcomp.parallel.workers import drop_worker_axis as drop_worker_axis
@@ -68,31 +69,5 @@ from gradcomp.schemes.local_sgd import LocalSGDState as LocalSGDState
 from gradcomp.schemes.local_sgd import local_sgd as local_sgd
 from gradcomp.schemes.stale import StaleState as StaleState
 from gradcomp.schemes.stale import stale_sgd as stale_sgd
-from gradcomp.sim.clock import SimClock as SimClock
-from gradcomp.sim.clock import forward_flops_per_sample as forward_flops_per_sample
-from gradcomp.sim.clock import local_sgd_round_seconds as local_sgd_round_seconds
-from gradcomp.sim.clock import simulate_rounds as simulate_rounds
-from gradcomp.sim.clock import synchronous_step_seconds as synchronous_step_seconds
-from gradcomp.sim.clock import training_flops as training_flops
-from gradcomp.sim.cluster import Cluster as Cluster
-from gradcomp.sim.cluster import Failure as Failure
-from gradcomp.sim.cluster import Slowdown as Slowdown
-from gradcomp.sim.collectives import allreduce_table as allreduce_table
-from gradcomp.sim.collectives import best_allreduce as best_allreduce
-from gradcomp.sim.delayed import delayed_exchange as delayed_exchange
-from gradcomp.sim.delayed import method_step_seconds as method_step_seconds
-from gradcomp.sim.delayed import saving_over_bitsgd as saving_over_bitsgd
-from gradcomp.sim.delayed import saving_over_local_update as saving_over_local_update
-from gradcomp.sim.delayed import simulate_delayed as simulate_delayed
-from gradcomp.sim.delayed import steady_step_seconds as steady_step_seconds
-from gradcomp.sim.epochs import EpochTimes as EpochTimes
-from gradcomp.sim.epochs import simulate_masked_epoch as simulate_masked_epoch
-from gradcomp.sim.gossip import gossip_step_seconds as gossip_step_seconds
-from gradcomp.sim.gossip import gossip_worker_seconds as gossip_worker_seconds
-from gradcomp.sim.gossip import simulate_gossip as simulate_gossip
-from gradcomp.sim.profile import Profile as Profile
-from gradcomp.sim.timeline import CostModel as CostModel
-from gradcomp.sim.timeline import Timeline as Timeline
-from gradcomp.sim.timeline import Workload as Workload
 
 __version__ = "0.1.0"

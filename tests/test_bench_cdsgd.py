@@ -62,7 +62,7 @@ def test_program_schedule_agrees_with_the_time_model(warmup, k):
   config.compressor.name = "threshold_quantize"
   program = optimizer.cdsgd_exchanges(config)
   for step in range(1, 16):
-    model = gradcomp.delayed_exchange(step, k=k, warmup_steps=warmup)
+    model = gradcomp.sim.delayed_exchange(step, k=k, warmup_steps=warmup)
     if model != "none":
       assert program(step) == {"synchronous": "full"}.get(model, model), step
 
@@ -77,7 +77,7 @@ def test_prediction_for_a_described_cluster_is_the_closed_form():
   CD-SGD k = ((k - 1) max(tau, delta + psi) + max(tau, phi)) / k."""
   from gradcomp.bench import cdsgd_time
 
-  cluster = gradcomp.Cluster(4, bandwidth_gbps=1.0, flops_per_second=1e12)
+  cluster = gradcomp.sim.Cluster(4, bandwidth_gbps=1.0, flops_per_second=1e12)
   rows = {
     r["method"]: r for r in cdsgd_time.predict("resnet20", cluster, batch_per_worker=8)
   }

@@ -72,7 +72,7 @@ def _fake_run(selection, epochs):
     "batch": batch,
     "selection": selection,
     "sim": {
-      "flops_per_step": gradcomp.training_flops(forward, batch),  # 120
+      "flops_per_step": gradcomp.sim.training_flops(forward, batch),  # 120
       "push_seconds": 0.5,
       "aggregated_points": [2, 1],
       "steps_per_epoch": 3,

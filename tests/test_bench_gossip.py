@@ -19,14 +19,14 @@ def _inputs(topology, overlap):
     "message_bytes": B,
     "overlap": overlap,
     # As in a run's sim.json: the 8-worker summary; rebuilt for the cluster.
-    "topology": gradcomp.get_topology(topology, 8).summary(),
+    "topology": gradcomp.topology.get(topology, 8).summary(),
     "round_wire": {"collective-permute": B},
   }
 
 
 @pytest.mark.parametrize("workers", [16, 64])
 def test_all_reduce_is_a_barrier_and_a_ring_all_reduce_every_step(workers):
-  cluster = gradcomp.Cluster(workers, bandwidth_gbps=10.0)
+  cluster = gradcomp.sim.Cluster(workers, bandwidth_gbps=10.0)
   n, per_byte = workers, 8 / 10e9
   step = COMPUTE + 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * B * per_byte
   inputs = {"flops_per_step": F, "round_wire": {"all-reduce": B}}
@@ -43,13 +43,13 @@ def test_all_reduce_is_a_barrier_and_a_ring_all_reduce_every_step(workers):
 def test_gossip_waits_for_its_neighbours_messages_only(topology, messages, overlap):
   """Per step ``max(c, K m)`` with overlap (D-PSGD), ``c + K m`` without
   (CHOCO, GoSGD): ``K`` messages of ``m = alpha + B / bw`` each."""
-  cluster = gradcomp.Cluster(64, bandwidth_gbps=1.0)
+  cluster = gradcomp.sim.Cluster(64, bandwidth_gbps=1.0)
   m = ALPHA + 8 * B / 1e9  # 0.33 ms: between c / 2 and c.
   step = max(COMPUTE, messages * m) if overlap else COMPUTE + messages * m
   got = gossip.reprice(_inputs(topology, overlap), cluster, 12)
   np.testing.assert_allclose(got, step * np.arange(13), rtol=1e-12)
   assert got[-1] / 12 == pytest.approx(
-    gradcomp.gossip_step_seconds(cluster, F, topology, B, overlap=overlap)
+    gradcomp.sim.gossip_step_seconds(cluster, F, topology, B, overlap=overlap)
   )
 
 
@@ -194,7 +194,7 @@ def test_workload_reading_prices_resnet50_steps():
   compute = training_flops(float(sum(shapes.forward_flops("resnet50"))), 32) / (
     v100_tflops() * 1e12
   )
-  cluster = gradcomp.Cluster(16, bandwidth_gbps=10.0)
+  cluster = gradcomp.sim.Cluster(16, bandwidth_gbps=10.0)
   dense = float(cluster.exchange_seconds("all-reduce", 4 * values))
   message = float(cluster.exchange_seconds("collective-permute", 4 * values))
   assert rows[16, "allreduce"]["step_ms"] == pytest.approx(1e3 * (compute + dense))

@@ -13,9 +13,9 @@ import numpy as np
 import psutil
 import pytest
 
-from gradcomp import Cluster
 from gradcomp.bench import predictor as bench
 from gradcomp.edgegossip import predictor as eg
+from gradcomp.sim import Cluster
 
 # Starts co-runner processes: keep its tests on one xdist worker.
 pytestmark = pytest.mark.xdist_group("bench_predictor")

@@ -66,7 +66,7 @@ def tiny(tmp_path_factory):
       repeats=1,
       out_dir=str(out),
       profile_sizes=(16, 4096),
-      cluster=gradcomp.Cluster(8, bandwidth_gbps=10.0, latency_us=10.0),
+      cluster=gradcomp.sim.Cluster(8, bandwidth_gbps=10.0, latency_us=10.0),
       depth=DEPTH,
     )
   return out, result, compiled_steps

@@ -29,7 +29,7 @@ REGISTRY_KWARGS = SEARCH_COMPRESSORS  # one configuration per compressor
 def synthetic_profile(call=2e-4, per_value=4e-9, fused_extra=1e-9, label="x"):
   """A profile with a known affine cost and top-k-like payload (8 bytes per 1 %)."""
   sizes = (16, 256, 4096, 65536, 2**20)
-  return gradcomp.Profile(
+  return gradcomp.sim.Profile(
     compressor=label,
     backend="synthetic",
     devices=1,
@@ -77,7 +77,7 @@ def test_traced_wire_equals_compiled_hlo(name):
 
 
 def test_profile_fit_interpolates_extrapolates_and_is_monotone():
-  p = gradcomp.Profile(
+  p = gradcomp.sim.Profile(
     compressor="x",
     backend="b",
     devices=1,
@@ -96,11 +96,11 @@ def test_profile_fit_interpolates_extrapolates_and_is_monotone():
 
 def test_profile_json_round_trip_and_file(tmp_path):
   p = synthetic_profile()
-  assert gradcomp.Profile.from_json(p.to_json()) == p
+  assert gradcomp.sim.Profile.from_json(p.to_json()) == p
   p.save(tmp_path / "p.json")
-  assert gradcomp.Profile.load(tmp_path / "p.json") == p
+  assert gradcomp.sim.Profile.load(tmp_path / "p.json") == p
   with pytest.raises(ValueError, match="fields"):
-    gradcomp.Profile.from_json(json.dumps({"sizes": [1]}))
+    gradcomp.sim.Profile.from_json(json.dumps({"sizes": [1]}))
 
 
 @pytest.mark.parametrize(
@@ -115,11 +115,11 @@ def test_profile_json_round_trip_and_file(tmp_path):
 def test_bad_profiles_raise(change, message):
   fields = {**synthetic_profile().__dict__, **change}
   with pytest.raises(ValueError, match=message):
-    gradcomp.Profile(**fields)
+    gradcomp.sim.Profile(**fields)
 
 
 def test_measured_profile_on_this_backend():
-  p = gradcomp.profile("topk", (16, 4096), repeats=2, ratio=0.01)
+  p = gradcomp.fusion.profile("topk", (16, 4096), repeats=2, ratio=0.01)
   assert p.compressor == "topk(error_feedback=True, ratio=0.01)"
   assert p.backend.startswith("cpu") and p.devices == 1
   assert all(t > 0 for t in p.seconds + p.fused_seconds)
@@ -143,14 +143,14 @@ def test_measured_profile_on_this_backend():
 )
 def test_profile_rejects_bad_input(args, kwargs, message):
   with pytest.raises(ValueError, match=message):
-    gradcomp.profile(*args, **kwargs)
+    gradcomp.fusion.profile(*args, **kwargs)
 
 
 # -- the alpha-beta model ------------------------------------------------------------
 
 
 def test_ring_and_parameter_server_closed_forms():
-  c = gradcomp.Cluster(workers=4, bandwidth_gbps=8.0, latency_us=10.0)
+  c = gradcomp.sim.Cluster(workers=4, bandwidth_gbps=8.0, latency_us=10.0)
   byte = 1e-9  # 8 Gbit/s is one byte per ns
   assert c.exchange_seconds("all-reduce", 1000) == pytest.approx(
     6 * 10e-6 + 1.5 * 1000 * byte
@@ -158,14 +158,14 @@ def test_ring_and_parameter_server_closed_forms():
   assert c.exchange_seconds("all-gather", 1000, 2) == pytest.approx(
     2 * 3 * 10e-6 + 3 * 1000 * byte
   )
-  ps = gradcomp.Cluster(4, 8.0, 10.0, topology="parameter_server")
+  ps = gradcomp.sim.Cluster(4, 8.0, 10.0, topology="parameter_server")
   assert ps.exchange_seconds("all-reduce", 1000) == pytest.approx(
     2 * 10e-6 + 8 * 1000 * byte
   )
   assert ps.exchange_seconds("all-gather", 1000) == pytest.approx(
     2 * 10e-6 + 20 * 1000 * byte
   )
-  assert gradcomp.Cluster(1).comm_seconds({"all-reduce": (1e9, 1)}) == 0
+  assert gradcomp.sim.Cluster(1).comm_seconds({"all-reduce": (1e9, 1)}) == 0
 
 
 @pytest.mark.parametrize(
@@ -181,28 +181,28 @@ def test_ring_and_parameter_server_closed_forms():
 )
 def test_bad_clusters_raise(kwargs, message):
   with pytest.raises(ValueError, match=message):
-    gradcomp.Cluster(**kwargs)
+    gradcomp.sim.Cluster(**kwargs)
 
 
 # -- the timeline --------------------------------------------------------------------
 
 
 def random_model(rng, n, workers=8, bandwidth=10.0, overlap=True):
-  workload = gradcomp.Workload(
+  workload = gradcomp.sim.Workload(
     sizes=tuple(int(s) for s in rng.integers(1, 2**21, n)),
     backward_seconds=tuple(rng.uniform(0, 3e-3, n)),
     forward_seconds=1e-3,
     update_seconds=2e-4,
   )
-  cluster = gradcomp.Cluster(workers, bandwidth, overlap=overlap)
-  return gradcomp.CostModel(synthetic_profile(), cluster, workload)
+  cluster = gradcomp.sim.Cluster(workers, bandwidth, overlap=overlap)
+  return gradcomp.sim.CostModel(synthetic_profile(), cluster, workload)
 
 
 def test_timeline_closed_form_two_groups():
   profile = synthetic_profile(call=1.0, per_value=0.0, fused_extra=0.0)
-  workload = gradcomp.Workload((10, 10, 10), (2.0, 1.0, 4.0), forward_seconds=3.0)
-  cluster = gradcomp.Cluster(2, latency_us=1e6, bandwidth_gbps=1e9)  # alpha = 1 s
-  model = gradcomp.CostModel(profile, cluster, workload)
+  workload = gradcomp.sim.Workload((10, 10, 10), (2.0, 1.0, 4.0), forward_seconds=3.0)
+  cluster = gradcomp.sim.Cluster(2, latency_us=1e6, bandwidth_gbps=1e9)  # alpha = 1 s
+  model = gradcomp.sim.CostModel(profile, cluster, workload)
   # all-gather of 2 messages on 2 workers: 2 s per group (bytes are ~free).
   t = model.timeline((2,))
   # Group 1 (leaves 0-1): ready 3+3=6, compressed 7, exchanged 7..9.
@@ -217,9 +217,9 @@ def test_timeline_closed_form_two_groups():
 
 def test_without_overlap_exchanges_run_on_the_compute_stream():
   profile = synthetic_profile(call=1.0, per_value=0.0, fused_extra=0.0)
-  workload = gradcomp.Workload((10, 10, 10), (2.0, 1.0, 4.0), forward_seconds=3.0)
-  cluster = gradcomp.Cluster(2, latency_us=1e6, bandwidth_gbps=1e9, overlap=False)
-  model = gradcomp.CostModel(profile, cluster, workload)
+  workload = gradcomp.sim.Workload((10, 10, 10), (2.0, 1.0, 4.0), forward_seconds=3.0)
+  cluster = gradcomp.sim.Cluster(2, latency_us=1e6, bandwidth_gbps=1e9, overlap=False)
+  model = gradcomp.sim.CostModel(profile, cluster, workload)
   t = model.timeline((2,))
   # Group 1: ready 6, compressed 7, exchanged 7..9 on the stream; leaf 2's
   # backward waits for it: ready 9+4=13, compressed 14, exchanged 14..16.
@@ -252,11 +252,11 @@ def test_dp_equals_brute_force_and_heuristic_is_bounded(seed):
   model = random_model(
     rng, n, int(rng.integers(1, 17)), float(rng.choice([1, 100])), seed % 2 == 0
   )
-  optimal, optimal_f = gradcomp.optimal_search(model)
+  optimal, optimal_f = gradcomp.fusion.optimal_search(model)
   _, brute_f = fusion_search.brute_force_search(model)
   assert optimal_f == pytest.approx(brute_f, rel=1e-12)
   assert model.iteration_seconds(optimal)[0] == pytest.approx(optimal_f)
-  heuristic, heuristic_f = gradcomp.heuristic_search(model)
+  heuristic, heuristic_f = gradcomp.fusion.heuristic_search(model)
   assert model.iteration_seconds(heuristic)[0] == pytest.approx(heuristic_f)
   assert optimal_f <= heuristic_f * (1 + 1e-12)
   assert heuristic_f <= model.iteration_seconds(())[0]
@@ -269,11 +269,11 @@ def test_heuristic_returns_the_better_extreme_unless_a_partition_gains_eps():
   # alone) save one call over layer-wise, about 1.2e-4 of the step, and a
   # little more over one group.
   profile = synthetic_profile(call=5e-7, per_value=4e-9, fused_extra=1e-12)
-  workload = gradcomp.Workload((2**20, 16, 16), (0.0, 0.0, 0.0))
-  model = gradcomp.CostModel(profile, gradcomp.Cluster(1), workload)
-  assert gradcomp.heuristic_search(model, eps=0.0)[0] == (1,)
-  assert gradcomp.heuristic_search(model, eps=1e-3)[0] == (1, 2)
-  assert gradcomp.heuristic_search(model, eps=1e-5)[0] == (1,)
+  workload = gradcomp.sim.Workload((2**20, 16, 16), (0.0, 0.0, 0.0))
+  model = gradcomp.sim.CostModel(profile, gradcomp.sim.Cluster(1), workload)
+  assert gradcomp.fusion.heuristic_search(model, eps=0.0)[0] == (1,)
+  assert gradcomp.fusion.heuristic_search(model, eps=1e-3)[0] == (1, 2)
+  assert gradcomp.fusion.heuristic_search(model, eps=1e-5)[0] == (1,)
 
 
 def test_heuristic_on_resnet50_is_fast_near_optimal_and_deterministic():
@@ -284,17 +284,19 @@ def test_heuristic_on_resnet50_is_fast_near_optimal_and_deterministic():
 
   named = shapes.resnet50_shapes()[::-1]
   flops = shapes.forward_flops("resnet50")[::-1]
-  workload = gradcomp.Workload.from_weights(
+  workload = gradcomp.sim.Workload.from_weights(
     [math.prod(s) for _, s in named], flops, backward_seconds=0.1
   )
-  model = gradcomp.CostModel(synthetic_profile(), gradcomp.Cluster(16), workload)
+  model = gradcomp.sim.CostModel(
+    synthetic_profile(), gradcomp.sim.Cluster(16), workload
+  )
   t0 = time.perf_counter()
-  plan = gradcomp.search_plan(model, range(161))
+  plan = gradcomp.fusion.search_plan(model, range(161))
   elapsed = time.perf_counter() - t0
-  _, optimal_f = gradcomp.optimal_search(model)
+  _, optimal_f = gradcomp.fusion.optimal_search(model)
   predicted = model.iteration_seconds(plan.boundaries)[0]
   assert predicted <= 1.02 * optimal_f
-  assert gradcomp.search_plan(model, range(161)) == plan
+  assert gradcomp.fusion.search_plan(model, range(161)) == plan
   assert gradcomp.Plan.from_json(plan.to_json()) == plan
   assert elapsed < 5.0  # the 1 s target is a benchmark; this only catches blow-ups
 
@@ -302,11 +304,11 @@ def test_heuristic_on_resnet50_is_fast_near_optimal_and_deterministic():
 def test_search_plan_rejects_bad_input():
   model = random_model(np.random.default_rng(0), 4)
   with pytest.raises(ValueError, match="method"):
-    gradcomp.search_plan(model, range(4), "greedy")
+    gradcomp.fusion.search_plan(model, range(4), "greedy")
   with pytest.raises(ValueError, match="order"):
-    gradcomp.search_plan(model, range(3))
+    gradcomp.fusion.search_plan(model, range(3))
   with pytest.raises(ValueError, match="eps"):
-    gradcomp.heuristic_search(model, eps=1.5)
+    gradcomp.fusion.heuristic_search(model, eps=1.5)
 
 
 # -- plan="auto" inside layerfusion ----------------------------------------------------
@@ -315,12 +317,14 @@ def test_search_plan_rejects_bad_input():
 def test_auto_plan_follows_the_costs():
   sizes, order = (1000, 10, 2000, 30), (3, 2, 1, 0)
   costly_calls = synthetic_profile(call=1.0, per_value=0.0)
-  lonely = gradcomp.auto_plan(sizes, order, costly_calls, gradcomp.Cluster(8))
+  lonely = gradcomp.fusion.auto_plan(
+    sizes, order, costly_calls, gradcomp.sim.Cluster(8)
+  )
   assert lonely == gradcomp.Plan.single(order)
   # Free calls, a slow link and a long backward: exchange each leaf as it is ready.
   overlap = synthetic_profile(call=0.0, per_value=0.0, fused_extra=1e-3)
-  plan = gradcomp.auto_plan(
-    sizes, order, overlap, gradcomp.Cluster(8, bandwidth_gbps=0.01), 10.0
+  plan = gradcomp.fusion.auto_plan(
+    sizes, order, overlap, gradcomp.sim.Cluster(8, bandwidth_gbps=0.01), 10.0
   )
   assert plan == gradcomp.Plan.layerwise(order)
 
@@ -338,7 +342,9 @@ def test_auto_plan_inside_jit_and_shard_map():
   # The same plan given explicitly gives the same result.
   sizes = [int(np.prod(x.shape)) for x in jax.tree.leaves(params)]
   order = tuple(range(len(sizes)))
-  plan = gradcomp.auto_plan(sizes, order, profile, gradcomp.Cluster(jax.device_count()))
+  plan = gradcomp.fusion.auto_plan(
+    sizes, order, profile, gradcomp.sim.Cluster(jax.device_count())
+  )
   explicit = gradcomp.layerfusion(tx_inner, plan)
   explicit_out, _ = harness.sharded_update(explicit)(
     grads, harness.worker_state(explicit, params)
@@ -443,7 +449,7 @@ def test_fusion_command_line_builds_the_cluster(extra, want):
 
   argv = ["--model", "resnet20", "--compressor", "topk", "--ratio", "0.01"]
   args = fusion.parse_args([*argv, "--workers", "16", *extra])
-  assert fusion.cluster_of(args) == gradcomp.Cluster(16, **want)
+  assert fusion.cluster_of(args) == gradcomp.sim.Cluster(16, **want)
 
 
 def test_fusion_command_line_prices_the_chosen_allreduce(tmp_path, capsys):
@@ -452,7 +458,7 @@ def test_fusion_command_line_prices_the_chosen_allreduce(tmp_path, capsys):
   # A dense all-reduce profile (4 bytes per value, one collective per group).
   sizes = (16, 256, 4096, 65536, 2**20)
   path = tmp_path / "none.json"
-  gradcomp.Profile(
+  gradcomp.sim.Profile(
     compressor=spec_of(gradcomp.none()).label(),
     backend="synthetic",
     devices=1,

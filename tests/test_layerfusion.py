@@ -13,8 +13,8 @@ from jax.sharding import PartitionSpec as P
 
 import gradcomp
 from gradcomp.fusion.fused import LayerFusionState
-from gradcomp.fusion.gradient_order import gradient_order
 from gradcomp.fusion.layerfusion import layerfusion
+from gradcomp.fusion.order import gradient_order
 from gradcomp.fusion.plan import Plan
 
 import harness

@@ -57,7 +57,7 @@ def write_plan(workdir, features) -> gradcomp.Plan:
   model = models.create("mlp", 10, features=features)
   x = jnp.zeros((1, 8, 8, 1))
   params = model.init(jax.random.PRNGKey(0), x)["params"]
-  order = gradcomp.gradient_order(
+  order = gradcomp.fusion.gradient_order(
     lambda p, x, y: step_lib.loss_fn(model, p, {}, x, y, train=False)[0],
     params,
     x,

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradcomp.fusion.gradient_order import gradient_order
+from gradcomp.fusion.order import gradient_order
 from gradcomp.models import shapes, zoo
 from train import step as step_lib
 

@@ -120,5 +120,5 @@ def test_bad_inputs_name_the_argument(kwargs, message):
 
 
 def test_public_name_and_docstring_examples():
-  assert gradcomp.simulate_masked_epoch is simulate_masked_epoch
+  assert gradcomp.sim.simulate_masked_epoch is simulate_masked_epoch
   assert doctest.testmod(epochs).failed == 0

@@ -267,7 +267,7 @@ def test_gossip_pattern_mixes_the_rebuilt_matrices():
   v = rng.standard_normal((N, 6, 4)).astype(np.float32)
 
   def step(u, v):
-    pattern = exchange.Neighbours(gradcomp.ring(N), jnp.int32(0), AXIS)
+    pattern = exchange.Neighbours(gradcomp.topology.ring(N), jnp.int32(0), AXIS)
     return sf.sufficient_factor_mean(u[0], v[0], pattern)[None]
 
   f = jax.jit(

@@ -1,4 +1,4 @@
-"""Gossip topologies (``gradcomp.parallel.topology``): matrices, gaps and mixing.
+"""Gossip topologies (``gradcomp.topology``): matrices, gaps and mixing.
 
 The matrices are checked doubly stochastic for every factory and worker count
 1..16, the spectral gaps against closed forms (circulant eigenvalues), and
@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from gradcomp.parallel import mixing, topology, wire
 from gradcomp.parallel.branches import varying_axes
-from gradcomp.parallel.topology import Edge, Phase, Topology
+from gradcomp.topology import Edge, Phase, Topology
 
 from harness import AXIS, WORKERS, mesh, shard
 

@@ -39,7 +39,7 @@ def trainer(digits):
 
 
 def _trainer(ds, **scheme):
-  cluster = gradcomp.Cluster(WORKERS, speeds=SPEEDS, flops_per_second=1e9)
+  cluster = gradcomp.sim.Cluster(WORKERS, speeds=SPEEDS, flops_per_second=1e9)
   return edge_lib.Trainer(_config(**scheme), ds, cluster, BATCH, 1e4, 4e4)
 
 
@@ -128,6 +128,6 @@ def test_plan_survives_the_checkpoint_entry(trainer):
 
 
 def test_balancer_halts_at_construction(digits):
-  cluster = gradcomp.Cluster(WORKERS, speeds=(1e-12,) * 2 + (1.0,) * 6)
+  cluster = gradcomp.sim.Cluster(WORKERS, speeds=(1e-12,) * 2 + (1.0,) * 6)
   with pytest.raises(eg.BalancerHalted, match="2 of 8"):
     edge_lib.Trainer(_config(), digits, cluster, BATCH, 1e4, 4e4)

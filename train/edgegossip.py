@@ -35,7 +35,7 @@ masked. A masked step leaves the worker's params, optimizer state and batch
 statistics as they were and it does not push, though it merges a push it
 receives (``gradcomp.gosgd``'s ``active``).
 
-**Simulated time** (``gradcomp.simulate_masked_epoch``): each worker's clock
+**Simulated time** (``gradcomp.sim.simulate_masked_epoch``): each worker's clock
 advances by the samples it processed at its speed, by its loss evaluation
 (forward FLOPs of its aggregated points) at the epoch's start, and by ``p``
 times one message (``alpha + bytes / bandwidth``, the expected cost of
@@ -157,7 +157,7 @@ class Trainer:
     self,
     config,
     ds: data_lib.Dataset,
-    cluster: gradcomp.Cluster,
+    cluster: gradcomp.sim.Cluster,
     batch_per_worker: int,
     forward_flops: float,
     message_bytes: float,
@@ -178,7 +178,7 @@ class Trainer:
       eg.balancer.DEFAULT_FAILURE_THRESHOLD if failure is None else failure
     )
     self.forward_flops = float(forward_flops)
-    self.flops_per_sample = gradcomp.training_flops(self.forward_flops, 1)
+    self.flops_per_sample = gradcomp.sim.training_flops(self.forward_flops, 1)
     self.push_seconds = self.p * float(
       cluster.exchange_seconds("collective-permute", message_bytes)
     )
@@ -301,10 +301,10 @@ class Trainer:
       epoch, first, rows.reshape(flat), mask.reshape(flat), np.asarray(clock, float)
     )
 
-  def price(self, epoch: Epoch) -> gradcomp.EpochTimes:
+  def price(self, epoch: Epoch) -> gradcomp.sim.EpochTimes:
     """The epoch's simulated time (module docstring)."""
     overhead = self.num_points * self.forward_flops if self.selection == "loss" else 0.0
-    return gradcomp.simulate_masked_epoch(
+    return gradcomp.sim.simulate_masked_epoch(
       self.cluster,
       epoch.clock,
       epoch.first_step,
@@ -366,7 +366,9 @@ class Trainer:
 
   # -- logging ------------------------------------------------------------------
 
-  def epoch_record(self, epoch: Epoch, priced: gradcomp.EpochTimes) -> dict[str, Any]:
+  def epoch_record(
+    self, epoch: Epoch, priced: gradcomp.sim.EpochTimes
+  ) -> dict[str, Any]:
     """What ``metrics.jsonl`` logs at an epoch's last step."""
     samples = epoch.samples(self.workers).sum(axis=0)
     busy = (samples > 0) & np.isfinite(priced.compute)

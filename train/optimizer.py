@@ -101,10 +101,10 @@ def num_workers(config) -> int:
   return workers
 
 
-def cluster_of(config, workers: int) -> gradcomp.Cluster:
+def cluster_of(config, workers: int) -> gradcomp.sim.Cluster:
   """The described cluster of ``config.cluster`` (defaults: homogeneous, 20 Gbps).
 
-  Every set field is a ``gradcomp.Cluster`` keyword, ``allreduce`` (and its
+  Every set field is a ``gradcomp.sim.Cluster`` keyword, ``allreduce`` (and its
   ``servers``, ``colocated``, ``workers_per_node``, intra-node link) among
   them, so ``--config.cluster.allreduce=rabenseifner`` prices the run's
   all-reduces by that algorithm.
@@ -114,7 +114,7 @@ def cluster_of(config, workers: int) -> gradcomp.Cluster:
   if "speeds" in kwargs:
     kwargs["speeds"] = tuple(float(v) for v in kwargs["speeds"])
   try:
-    return gradcomp.Cluster(workers, **kwargs)
+    return gradcomp.sim.Cluster(workers, **kwargs)
   except (TypeError, ValueError) as e:
     raise ValueError(f"config.cluster: {e}") from e
 
@@ -125,7 +125,7 @@ def fusion_plan(
   sizes: Sequence[int] | None = None,
   inner=None,
   saved: gradcomp.Plan | None = None,
-  cluster: gradcomp.Cluster | None = None,
+  cluster: gradcomp.sim.Cluster | None = None,
 ) -> gradcomp.Plan | None:
   """The ``layerfusion`` plan of ``cfg.plan``, or ``None`` for no fusion.
 
@@ -152,9 +152,11 @@ def fusion_plan(
           "config.fusion.plan='auto' needs the leaf sizes and compressor"
         )
       if jax.process_index() == 0:
-        profile = gradcomp.profile_for(inner, up_to=sum(sizes))
-        cluster = cluster or gradcomp.Cluster(jax.device_count())
-        saved = gradcomp.auto_plan(sizes, order, profile, cluster, method=cfg.search)
+        profile = gradcomp.fusion.profile_for(inner, up_to=sum(sizes))
+        cluster = cluster or gradcomp.sim.Cluster(jax.device_count())
+        saved = gradcomp.fusion.auto_plan(
+          sizes, order, profile, cluster, method=cfg.search
+        )
       else:  # Replaced by process 0's plan below: no need to profile.
         saved = gradcomp.Plan.single(order)
     # A saved plan too: every process joins the broadcast even when only some
@@ -329,7 +331,7 @@ def create(
   Args:
     config: the run's config (``compressor``, ``fusion``, ``optimizer``).
     order: gradient-ready order of the parameter leaves
-      (``gradcomp.gradient_order``); with ``mask``, of the leaves it keeps
+      (``gradcomp.fusion.gradient_order``); with ``mask``, of the leaves it keeps
       (``train.factors.Factored.restrict``).
     total_steps: steps of the run, for decaying schedules.
     axis_name: the workers' mesh axis, or ``None`` on one device.

@@ -7,18 +7,18 @@ bytes a step actually sends are rebuilt from the branches and the scheme's
 schedule, and each scheme's clock is the one its waiting pattern needs:
 
 * synchronous SGD (and ``stale_sgd``, its gradients late), local SGD,
-  EASGD: a barrier at each exchange round (``gradcomp.simulate_rounds``);
+  EASGD: a barrier at each exchange round (``gradcomp.sim.simulate_rounds``);
 * CD-SGD: the exchange of step t under step t+1's compute
-  (``gradcomp.simulate_delayed``, paper 001 eqs. 6-7);
+  (``gradcomp.sim.simulate_delayed``, paper 001 eqs. 6-7);
 * gossip and GoSGD: each worker waits for its in-neighbours only
-  (``gradcomp.simulate_gossip``);
+  (``gradcomp.sim.simulate_gossip``);
 * the asynchronous server (``async_ps``): never waits; its step is the
   fastest worker's cycle (compute, push, pull: :func:`speed_table`), the
   scheme's own time unit;
 * backup workers: each round waits for the ``n - b``-th cycle to end (the
   scheme's own draws, replayed here);
 * EdgeGossip: per-worker clocks charged for the samples each worker
-  processed, a barrier per epoch (``gradcomp.simulate_masked_epoch``),
+  processed, a barrier per epoch (``gradcomp.sim.simulate_masked_epoch``),
   priced by ``train/edgegossip.py`` as each epoch is planned (here NaN).
 """
 
@@ -181,8 +181,8 @@ def _timed_clock(config, num_steps: int, table: np.ndarray) -> np.ndarray:
 def flops_per_step(model, ds: data_lib.Dataset, batch_per_worker: int) -> float:
   """One worker's training FLOPs per step, from the model's jaxpr (DESIGN §6)."""
   sample = jax.ShapeDtypeStruct((1, *ds.input_shape), ds.x_train.dtype)
-  return gradcomp.training_flops(
-    gradcomp.forward_flops_per_sample(model, sample), batch_per_worker
+  return gradcomp.sim.training_flops(
+    gradcomp.sim.forward_flops_per_sample(model, sample), batch_per_worker
   )
 
 
@@ -199,9 +199,9 @@ def _gossip_wire(config, step_wire, workers_: int):
   other = sum(step_wire.values()) - permuted
   if name in ("gosgd", "edgegossip"):
     branches = messages = max(workers_ - 1, 1)
-    topology = gradcomp.get_topology("one_peer_exponential", workers_)
+    topology = gradcomp.topology.get("one_peer_exponential", workers_)
   else:
-    topology = gradcomp.get_topology(config.scheme.topology, workers_)
+    topology = gradcomp.topology.get(config.scheme.topology, workers_)
     branches = len(topology.phases)
     messages = sum(len(p.edges) for p in topology.phases)
   per_message = permuted / max(messages, 1)
@@ -231,7 +231,7 @@ def price(
       config, plan, mesh, params, step_wire, num_steps
     )
     # Paper 001 eqs. 6-7: the exchange runs under the next step's compute.
-    seconds = gradcomp.simulate_delayed(
+    seconds = gradcomp.sim.simulate_delayed(
       cluster,
       flops,
       full,
@@ -254,7 +254,7 @@ def price(
     # D-PSGD sends the params the gradient was taken at (overlapped); CHOCO
     # and GoSGD send what the step computed.
     overlap = name == "gossip" and config.compressor.name == "none"
-    seconds = gradcomp.simulate_gossip(
+    seconds = gradcomp.sim.simulate_gossip(
       cluster, flops, topology, message, num_steps, overlap=overlap
     )
     fields = {
@@ -277,5 +277,7 @@ def price(
     per_step = amortised_bytes(step_wire, round_wire_, is_round, num_steps)
   round_wire_ = {k: b for k, b in round_wire_.items() if b}
   # Pure in its inputs: a resumed run recomputes the same clock.
-  seconds = gradcomp.simulate_rounds(cluster, flops, is_round, round_wire_, num_steps)
+  seconds = gradcomp.sim.simulate_rounds(
+    cluster, flops, is_round, round_wire_, num_steps
+  )
   return Priced(per_step, round_wire_, seconds, {})

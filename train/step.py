@@ -208,8 +208,8 @@ def init_model(model: nn.Module, rng, input_shape, dtype) -> tuple[Any, dict]:
 
 
 def gradient_order(model: nn.Module, params, model_state, x, y) -> list[int]:
-  """``gradcomp.gradient_order`` of the loss: the leaves in gradient-ready order."""
-  return gradcomp.gradient_order(
+  """``gradcomp.fusion.gradient_order`` of the loss: the leaves in gradient-ready order."""
+  return gradcomp.fusion.gradient_order(
     lambda p, x, y: loss_fn(model, p, model_state, x, y, train=False)[0], params, x, y
   )
 

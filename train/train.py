@@ -245,7 +245,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       ds,
       pricing.cluster_of(config, mesh.size),
       batch_size // mesh.size,
-      flops / gradcomp.training_flops(1.0, batch_size // mesh.size),
+      flops / gradcomp.sim.training_flops(1.0, batch_size // mesh.size),
       message,
     )
     num_steps = edgegossip_lib.total_steps(config, edge.steps_per_epoch)

@@ -39,7 +39,7 @@ SHORT = {
 def link(bandwidth_gbps: float, latency_us: float) -> tuple[float, float]:
   """``(alpha, beta)`` in seconds and seconds per byte of a link.
 
-  As :class:`gradcomp.Cluster` reads its own: ``alpha = latency_us * 1e-6``,
+  As :class:`gradcomp.sim.Cluster` reads its own: ``alpha = latency_us * 1e-6``,
   ``beta = 8 / (bandwidth_gbps * 1e9)``.
   """
   if not bandwidth_gbps > 0 or bandwidth_gbps == float("inf"):

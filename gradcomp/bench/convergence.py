@@ -15,7 +15,7 @@ real training program, ``train.train.train_and_evaluate``, on config overrides:
 
 Runs go seed-major (every method once, then the next seed), so drift of a
 shared machine's load spreads over methods. The auto plan's profile is
-measured once per process (``gradcomp.profile_for`` caches it), so the later
+measured once per process (``gradcomp.fusion.profile_for`` caches it), so the later
 seeds of Sketch-Fusion reuse it and get the same plan.
 
 Wall time. Each ``metrics.jsonl`` row carries ``samples_per_sec`` over the

@@ -57,7 +57,7 @@ at the other ratios: with ``balance=False, selection="shuffle"`` nothing in
 its trajectory reads the speeds (the plan ignores them; the pushes come from
 the shared key), so only its clock changes. :func:`reprice` replays its
 logged per-worker samples of each epoch through the program's own clock
-(``gradcomp.simulate_masked_epoch``: packed rows, the loss evaluation of the
+(``gradcomp.sim.simulate_masked_epoch``: packed rows, the loss evaluation of the
 aggregated points for ``selection="loss"``, ``p`` x one message per trained
 step, a barrier per epoch). Checks printed with the tables: every run
 re-priced on its own speeds matches its logged ``sim_seconds``; and one GoSGD
@@ -425,7 +425,7 @@ def reprice(
   """A run's epochs on the clock of other speeds (the program's own clock).
 
   Each logged epoch's per-worker ``samples``, packed into steps of the run's
-  batch (:func:`packed_rows`), go through ``gradcomp.simulate_masked_epoch``
+  batch (:func:`packed_rows`), go through ``gradcomp.sim.simulate_masked_epoch``
   with the run's FLOPs per sample, its pushes (``push_seconds``, ``p`` x one
   message, per trained step) and, for ``selection="loss"``, the forward
   FLOPs of each worker's aggregated points before the epoch. Clocks start at
@@ -443,12 +443,12 @@ def reprice(
 
   sim, batch = run["sim"], int(run["batch"])
   steps = int(sim["steps_per_epoch"])
-  cluster = gradcomp.Cluster(
+  cluster = gradcomp.sim.Cluster(
     len(speeds),
     speeds=tuple(float(s) for s in speeds),
     flops_per_second=flops_per_second,
   )
-  forward = sim["flops_per_step"] / gradcomp.training_flops(1.0, batch)
+  forward = sim["flops_per_step"] / gradcomp.sim.training_flops(1.0, batch)
   per_sample = sim["flops_per_step"] / batch
   overhead = (
     np.asarray(sim["aggregated_points"], np.float64) * forward
@@ -470,7 +470,7 @@ def reprice(
   for e in run["epochs"]:
     rows = packed_rows(e["samples"], batch, steps)
     start = clock.max()
-    t = gradcomp.simulate_masked_epoch(
+    t = gradcomp.sim.simulate_masked_epoch(
       cluster,
       clock,
       (e["epoch"] - 1) * steps + 1,

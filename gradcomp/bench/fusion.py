@@ -6,7 +6,7 @@ the host's cores), for a model-shaped gradient tree and a compressor:
 1. measure the cost of launching one (trivial) program on all devices: every
    timed call below pays it once, a step pays it once, not once per group;
 2. profile the compressor with all devices compressing at once
-   (``gradcomp.profile(..., devices=8)``), minus the launch: ``Comp`` as a
+   (``gradcomp.fusion.profile(..., devices=8)``), minus the launch: ``Comp`` as a
    worker sees it here;
 3. calibrate a :class:`Cluster` for the in-process "network": time
    chains of all-reduces and all-gathers of float32 buffers inside one
@@ -102,7 +102,7 @@ CALIBRATION_SIZES = (2**8, 2**12, 2**16, 2**20, 2**22)
 
 def calibrate_cluster(
   mesh, launch: float, repeats: int = 5, sizes=CALIBRATION_SIZES
-) -> tuple[gradcomp.Cluster, list[dict]]:
+) -> tuple[gradcomp.sim.Cluster, list[dict]]:
   """The ring model's latency and bandwidth that best fit this mesh's collectives.
 
   Chains of all-reduces and of all-gathers of ``sizes`` float32 values per
@@ -118,7 +118,7 @@ def calibrate_cluster(
   if n == 1:
     # One device exchanges nothing: every collective is free, whatever the
     # link (a lent single GPU). Nothing to fit.
-    return gradcomp.Cluster(1, latency_us=0.0, overlap=False), []
+    return gradcomp.sim.Cluster(1, latency_us=0.0, overlap=False), []
   rows, targets, samples = [], [], []
   for kind in ("all-reduce", "all-gather"):
     for size in sizes:
@@ -145,7 +145,7 @@ def calibrate_cluster(
   alpha, per_byte = _fit_ring(rows, targets)
   # The device threads copy the bytes themselves: no exchange hides behind
   # computation on this "network".
-  cluster = gradcomp.Cluster(
+  cluster = gradcomp.sim.Cluster(
     n, bandwidth_gbps=8 / per_byte / 1e9, latency_us=alpha * 1e6, overlap=False
   )
   return cluster, samples
@@ -207,7 +207,7 @@ def run(
   tx = registry.get(compressor, axis_name=AXIS, **hyperparameters)
   launch = launch_seconds(mesh)
   cluster, samples = calibrate_cluster(mesh, launch, repeats, calibration_sizes)
-  measured = gradcomp.profile(tx, sizes, devices=len(devices), repeats=repeats)
+  measured = gradcomp.fusion.profile(tx, sizes, devices=len(devices), repeats=repeats)
   profile = dataclasses.replace(
     measured,
     seconds=tuple(max(t - launch, 0.0) for t in measured.seconds),
@@ -228,10 +228,10 @@ def run(
   for model in models:
     work = model_workload(model, backward_ms=0.0)
     workload = dataclasses.replace(work.workload, forward_seconds=launch)
-    cost = gradcomp.CostModel(profile, cluster, workload)
+    cost = gradcomp.sim.CostModel(profile, cluster, workload)
     tree = shapes.make_tree(shapes.MODELS[model]())
     plans = {
-      method: gradcomp.search_plan(cost, work.order, method)
+      method: gradcomp.fusion.search_plan(cost, work.order, method)
       for method in ("layerwise", "single", "heuristic")
     }
     # Plans found equal are one program: measured once, reported for each.
@@ -333,23 +333,23 @@ def search_table(
     tx = registry.get(name, **kwargs)
     path = os.path.join(profile_dir, f"{name}.json") if profile_dir else None
     if path and os.path.exists(path):
-      profile = gradcomp.Profile.load(path)
+      profile = gradcomp.sim.Profile.load(path)
       profile.check_for(tx)
     else:
-      profile = gradcomp.profile(tx, DEFAULT_SIZES, repeats=repeats)
+      profile = gradcomp.fusion.profile(tx, DEFAULT_SIZES, repeats=repeats)
       if path:
         os.makedirs(profile_dir, exist_ok=True)
         profile.save(path)
     for model in shapes.MODELS:
       work = model_workload(model)
       for bandwidth in bandwidths:
-        cost = gradcomp.CostModel(
-          profile, gradcomp.Cluster(workers, bandwidth), work.workload
+        cost = gradcomp.sim.CostModel(
+          profile, gradcomp.sim.Cluster(workers, bandwidth), work.workload
         )
         t0 = time.perf_counter()
-        heuristic, heuristic_s = gradcomp.heuristic_search(cost)
+        heuristic, heuristic_s = gradcomp.fusion.heuristic_search(cost)
         search_s = time.perf_counter() - t0
-        optimal, optimal_s = gradcomp.optimal_search(cost)
+        optimal, optimal_s = gradcomp.fusion.optimal_search(cost)
         rows.append(
           {
             "compressor": name,

@@ -75,10 +75,10 @@ worker-step, ``message_bytes``, ``overlap``, the topology's name; the
 all-reduce run's ``round_wire``) by :func:`reprice` on
 ``Cluster(n, bandwidth_gbps=b)`` for n in :data:`PRICED_WORKERS` and b in
 :data:`BANDWIDTHS_GBPS` (8 TFLOP/s per worker, 25 us latency): gossip with
-``gradcomp.simulate_gossip`` on the topology rebuilt by
-``gradcomp.get_topology`` for n workers (each worker waits for its
+``gradcomp.sim.simulate_gossip`` on the topology rebuilt by
+``gradcomp.topology.get`` for n workers (each worker waits for its
 in-neighbours only; GoSGD priced as a one-peer graph, as the program does),
-all-reduce with ``gradcomp.simulate_rounds`` (a barrier and a ring all-reduce
+all-reduce with ``gradcomp.sim.simulate_rounds`` (a barrier and a ring all-reduce
 every step). **Assumptions**: the per-worker batch (16) and so the FLOPs per
 step are the 8-worker runs'; a message is the same bytes at any n; and the
 accuracy per step is the 8-worker run's. The last is optimistic for gossip on
@@ -228,7 +228,7 @@ def clusters() -> dict[str, Any]:
   import gradcomp
 
   return {
-    cluster_name(n, b): gradcomp.Cluster(n, bandwidth_gbps=b)
+    cluster_name(n, b): gradcomp.sim.Cluster(n, bandwidth_gbps=b)
     for n in PRICED_WORKERS
     for b in BANDWIDTHS_GBPS
   }
@@ -239,11 +239,11 @@ def reprice(inputs: Mapping[str, Any], cluster, steps: int) -> np.ndarray:
 
   Args:
     inputs: the run's ``sim.json`` (:func:`schemes.priced_inputs`). With a
-      ``topology`` (gossip, GoSGD): ``gradcomp.simulate_gossip`` with the
+      ``topology`` (gossip, GoSGD): ``gradcomp.sim.simulate_gossip`` with the
       topology of that name rebuilt for ``cluster.workers``, the run's
       ``message_bytes`` and ``overlap``. Without (synchronous): a barrier and
-      the run's ``round_wire`` every step, ``gradcomp.simulate_rounds``.
-    cluster: a ``gradcomp.Cluster`` (ring links for gossip).
+      the run's ``round_wire`` every step, ``gradcomp.sim.simulate_rounds``.
+    cluster: a ``gradcomp.sim.Cluster`` (ring links for gossip).
     steps: the run's steps.
 
   Returns:
@@ -253,8 +253,8 @@ def reprice(inputs: Mapping[str, Any], cluster, steps: int) -> np.ndarray:
 
   flops = inputs["flops_per_step"]
   if "topology" in inputs:
-    topology = gradcomp.get_topology(inputs["topology"]["name"], cluster.workers)
-    return gradcomp.simulate_gossip(
+    topology = gradcomp.topology.get(inputs["topology"]["name"], cluster.workers)
+    return gradcomp.sim.simulate_gossip(
       cluster,
       flops,
       topology,
@@ -263,7 +263,7 @@ def reprice(inputs: Mapping[str, Any], cluster, steps: int) -> np.ndarray:
       overlap=inputs["overlap"],
     )
   # Every method of this suite without a topology is synchronous SGD.
-  return gradcomp.simulate_rounds(
+  return gradcomp.sim.simulate_rounds(
     cluster, flops, lambda step: True, inputs["round_wire"], steps
   )
 
@@ -701,7 +701,7 @@ def workload_reading(
   }
   rows = []
   for n in PRICED_WORKERS:
-    cluster = gradcomp.Cluster(
+    cluster = gradcomp.sim.Cluster(
       n, bandwidth_gbps=bandwidth_gbps, flops_per_second=v100_tflops() * 1e12
     )
     for label, entry in result["results"].items():
@@ -710,15 +710,15 @@ def workload_reading(
       reached = np.flatnonzero(acc >= result["target"])
       scheme = m["scheme"]["name"]
       if scheme == "none":
-        step = gradcomp.synchronous_step_seconds(
+        step = gradcomp.sim.synchronous_step_seconds(
           cluster, flops, 1, {"all-reduce": (4 * values, 1)}
         )
       else:
         topology = m["scheme"].get("topology") or "one_peer_exponential"
-        step = gradcomp.gossip_step_seconds(
+        step = gradcomp.sim.gossip_step_seconds(
           cluster,
           flops,
-          gradcomp.get_topology(topology, n),
+          gradcomp.topology.get(topology, n),
           message[m["compressor"]],
           overlap=scheme == "gossip" and m["compressor"] == "none",
         )

@@ -6,7 +6,7 @@ published measurement. Keys are gradcomp's registered compressor names and
 ``gradcomp.models.shapes.MODELS`` keys.
 
 :func:`v100_profile` turns Table 1 into a synthetic
-:class:`~gradcomp.Profile` per compressor (``Comp(x) = c + s x``,
+:class:`~gradcomp.sim.Profile` per compressor (``Comp(x) = c + s x``,
 :func:`calibrate`), so the LayerFusion simulator can price the paper's GPUs
 without measuring anything (``bench.scaling``, source ``"paper"``).
 """
@@ -213,8 +213,8 @@ def _traced(name: str, items: tuple, sizes: tuple[int, ...]):
 
 def v100_profile(
   name: str, kwargs: Mapping | None = None, sizes: Sequence[int] = PROFILE_SIZES
-) -> gradcomp.Profile:
-  """The synthetic V100 :class:`~gradcomp.Profile` of ``gradcomp.get(name, **kwargs)``.
+) -> gradcomp.sim.Profile:
+  """The synthetic V100 :class:`~gradcomp.sim.Profile` of ``gradcomp.get(name, **kwargs)``.
 
   ``seconds = c + s x`` from :func:`calibrate` of :func:`table1_ms`;
   ``fused_seconds`` adds concatenating the pieces and splitting the result,
@@ -227,7 +227,7 @@ def v100_profile(
   copies = 2 * (2 * 4) / (V100_HBM_GBPS * 1e9)  # two copies of 4x bytes, r + w
   seconds = tuple(per_call + per_value * s for s in sizes)
   wire_bytes, wire_messages = _traced(name, tuple(sorted(kwargs.items())), sizes)
-  return gradcomp.Profile(
+  return gradcomp.sim.Profile(
     compressor=spec_lib.spec_of(registry.get(name, **kwargs)).label(),
     backend="V100 (paper 000 Table 1, synthetic)",
     devices=1,

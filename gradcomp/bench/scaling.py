@@ -3,8 +3,8 @@
 Paper 000 §5 (Table 4, Figs. 3-5): every compressor of the registry on
 ResNet-20, ResNet-50 and the LSTM, 2 to 16 workers on 20 Gbps Ethernet,
 compressed layer-wise (one call per tensor) and with LayerFusion (the plan of
-the §4.3 heuristic search, ``gradcomp.heuristic_search``). Nothing is trained:
-the wait-free-backprop timeline (``gradcomp.CostModel``) plays one iteration
+the §4.3 heuristic search, ``gradcomp.fusion.heuristic_search``). Nothing is trained:
+the wait-free-backprop timeline (``gradcomp.sim.CostModel``) plays one iteration
 out, and reports the scaling factor ``T_1 / T_n`` (eq. 1; ``T_1`` is one
 worker alone, no compression, no exchange) and the throughput ``n * b / T_n``
 (samples/s; an LSTM sample is one sequence of 35 tokens).
@@ -12,7 +12,7 @@ worker alone, no compression, no exchange) and the throughput ``n * b / T_n``
 Two sources of ``Comp(x)``, both reported:
 
 * **measured**: each compressor's profile measured on this backend (one
-  device, ``gradcomp.profile``), cached as JSON in ``--profiles`` under the
+  device, ``gradcomp.fusion.profile``), cached as JSON in ``--profiles`` under the
   same names and hyper-parameters as the ``search`` suite
   (``bench.fusion.SEARCH_COMPRESSORS``), so either suite reuses the other's;
   a missing one is measured on the :data:`MEASURE_SIZES` grid. Compute
@@ -24,7 +24,7 @@ Two sources of ``Comp(x)``, both reported:
 * **paper**: a V100 as paper 000 describes it (``bench.paper``). Compute from
   FLOPs at :func:`bench.paper.v100_tflops` (8.76 TFLOP/s: a V100's measured
   fp32 ResNet-50 training throughput, 56 % of peak) with Table 3's batch.
-  ``Comp`` is a synthetic :class:`~gradcomp.Profile` per compressor,
+  ``Comp`` is a synthetic :class:`~gradcomp.sim.Profile` per compressor,
   ``Comp(x) = c + s x`` (a per-call overhead and a per-value slope),
   calibrated to Table 1 (``bench.paper.v100_profile``). Table 1 gives one
   total per method, read as the layer-wise one (161 calls on ResNet-50); the
@@ -37,7 +37,7 @@ Two sources of ``Comp(x)``, both reported:
 
 In both, the wire payload per size comes from tracing the compressor
 (``gradcomp.profile.traced_wire``, no devices needed) and ``Comm`` from the
-ring alpha-beta model of ``gradcomp.Cluster`` (20 Gbps, 25 us per message
+ring alpha-beta model of ``gradcomp.sim.Cluster`` (20 Gbps, 25 us per message
 unless told otherwise); a layer-wise leaf is priced as a 1-D buffer of its
 size, as the planner does.
 
@@ -92,7 +92,7 @@ def measured_profile(
   profile_dir: str | None,
   sizes: Sequence[int] = MEASURE_SIZES,
   repeats: int = 3,
-) -> tuple[gradcomp.Profile, dict]:
+) -> tuple[gradcomp.sim.Profile, dict]:
   """The profile measured on this backend, from ``profile_dir`` when cached there.
 
   Returns the profile and a note ``{"path", "cached", "seconds"}``.
@@ -100,7 +100,7 @@ def measured_profile(
   tx = registry.get(name, **kwargs)
   path = os.path.join(profile_dir, f"{name}.json") if profile_dir else None
   if path and os.path.exists(path):
-    profile = gradcomp.Profile.load(path)
+    profile = gradcomp.sim.Profile.load(path)
     try:
       profile.check_for(tx)
     except ValueError as e:
@@ -108,7 +108,7 @@ def measured_profile(
     return profile, {"path": path, "cached": True, "seconds": 0.0}
   print(f"measuring {name} at {len(sizes)} sizes ...", file=sys.stderr, flush=True)
   t0 = time.perf_counter()
-  profile = gradcomp.profile(tx, sizes, repeats=repeats)
+  profile = gradcomp.fusion.profile(tx, sizes, repeats=repeats)
   seconds = time.perf_counter() - t0
   if path:
     os.makedirs(profile_dir, exist_ok=True)
@@ -132,8 +132,8 @@ def workload(model: str, source: str, paper_tflops: float | None = None):
 
 
 def simulate(
-  profile: gradcomp.Profile,
-  work: gradcomp.Workload,
+  profile: gradcomp.sim.Profile,
+  work: gradcomp.sim.Workload,
   workers: int,
   *,
   bandwidth_gbps: float = paper.BANDWIDTH_GBPS,
@@ -148,15 +148,15 @@ def simulate(
   exposed_comm_ms (``T_n - T_1 - comp``: exchange not hidden by backprop) and
   search_ms.
   """
-  cluster = gradcomp.Cluster(workers, bandwidth_gbps, latency_us)
-  cost = gradcomp.CostModel(profile, cluster, work)
+  cluster = gradcomp.sim.Cluster(workers, bandwidth_gbps, latency_us)
+  cost = gradcomp.sim.CostModel(profile, cluster, work)
   rows = {}
   for plan in PLANS:
     t0 = time.perf_counter()
     if plan == "layerwise":
       boundaries = tuple(range(1, cost.num_leaves))
     else:
-      boundaries, _ = gradcomp.heuristic_search(cost, eps)
+      boundaries, _ = gradcomp.fusion.heuristic_search(cost, eps)
     search_ms = (time.perf_counter() - t0) * 1e3
     t = cost.timeline(boundaries)
     comp = sum(t.comp_seconds)
@@ -480,7 +480,7 @@ def _describe(source: str, tflops: float) -> dict:
       "compute_tflops": DEFAULT_TFLOPS,
       "compute": f"FLOPs at gradcomp.sim.model_workload.DEFAULT_TFLOPS = {DEFAULT_TFLOPS:g} "
       "TFLOP/s",
-      "comp": "measured on this backend (gradcomp.profile, 1 device)",
+      "comp": "measured on this backend (gradcomp.fusion.profile, 1 device)",
     }
   return {
     "compute_tflops": tflops,

@@ -53,11 +53,11 @@ packed sign bits, for the compressed DiLoCo. For ``sync`` the round is the
 whole step.
 
 **Simulated time** (DESIGN §6). Each run is priced after the fact with
-:func:`gradcomp.simulate_rounds` on described clusters, the function the
+:func:`gradcomp.sim.simulate_rounds` on described clusters, the function the
 training program prices its own ``sim_seconds`` with (kept in the JSON as
 ``program``: its ``config.cluster``, 8 homogeneous workers at 20 Gbps, 8
 TFLOP/s), from the run's ``sim.json``: one worker's FLOPs per step ``F =
-gradcomp.training_flops(forward_flops_per_sample(model, f32[1, 64]), 128 /
+gradcomp.sim.training_flops(forward_flops_per_sample(model, f32[1, 64]), 128 /
 8)`` (3 x forward x batch) and the round's wire; ``is_round =
 train.optimizer.round_steps(config)``; a round waits for the slowest worker
 and adds ``cluster.comm_seconds({kind: (bytes, 1)})``. The per-step bookkeeping collectives of a scheme (16-20 bytes) are not
@@ -218,8 +218,8 @@ def clusters() -> dict[str, Any]:
   import gradcomp
 
   return {
-    "a": gradcomp.Cluster(16, bandwidth_gbps=20.0),
-    "b": gradcomp.Cluster(
+    "a": gradcomp.sim.Cluster(16, bandwidth_gbps=20.0),
+    "b": gradcomp.sim.Cluster(
       WORKERS,
       bandwidth_gbps=0.1,
       speeds=EDGE_SPEEDS,
@@ -508,7 +508,7 @@ def run(
           "round_wire": wire,
           "rounds": sum(bool(is_round(s)) for s in range(1, steps + 1)),
           "sim": {
-            name: gradcomp.simulate_rounds(c, flops, is_round, wire, steps)
+            name: gradcomp.sim.simulate_rounds(c, flops, is_round, wire, steps)
             for name, c in every.items()
           },
         }

@@ -5,7 +5,7 @@ values on a GPU and finds that the time "does not double" over that range: a
 fixed cost per call dominates, which is the case for LayerFusion. This suite
 measures the same curve here, for every registered compressor with the
 hyper-parameters of :data:`gradcomp.bench.fusion.SEARCH_COMPRESSORS`, with
-:func:`gradcomp.profile` on one device: per size, ``jit(tx.update)`` of a
+:func:`gradcomp.fusion.profile` on one device: per size, ``jit(tx.update)`` of a
 float32 buffer with ``axis_name=None`` (compress + decompress, the payload
 materialised), the state donated and fed back, median of ``repeats``
 steady-state calls after a warm-up. The profile also times the same number of
@@ -40,7 +40,7 @@ Per-call overhead dominates a model's layer-wise compression when these shares
 are above 50 %.
 
 The default grid is every second power of two, ``2^4, 2^6, .., 2^24``
-(``gradcomp.profile``'s ``DEFAULT_SIZES``); ``--full`` times every power.
+(``gradcomp.fusion.profile``'s ``DEFAULT_SIZES``); ``--full`` times every power.
 Run time is mostly compilation (two programs per compressor and size): 2.5 to
 4.5 minutes for the default on the 2-core CPU with other jobs running (load
 average 3 to 8), about 5 minutes with ``--full``; more under heavier load.
@@ -182,7 +182,7 @@ def run(
   for name in names:
     hyperparameters = SEARCH_COMPRESSORS[name]
     t0 = time.perf_counter()
-    p = gradcomp.profile(name, sizes, repeats=repeats, **hyperparameters)
+    p = gradcomp.fusion.profile(name, sizes, repeats=repeats, **hyperparameters)
     elapsed = time.perf_counter() - t0
     per_size_bytes = [
       int(sum(v[i] for v in p.wire_bytes.values())) for i in range(len(sizes))

@@ -15,7 +15,7 @@ plan (``layerwise``, ``single``, ``auto``):
 * **measured**: the step's compile time (trace + lower + XLA compile), then
   the median of ``repeats`` steady-state steps after a warm-up
   (``profile.steady_state_seconds``); samples/s = batch / median step.
-* **predicted**: the timeline simulator (``gradcomp.CostModel``) with the
+* **predicted**: the timeline simulator (``gradcomp.sim.CostModel``) with the
   calibration of ``gradcomp/bench/fusion.py``: the launch cost of a trivial
   program, a ring fitted to chained collectives on these devices, ``Comp``
   profiled with all devices compressing at once (minus the launch), and the
@@ -226,9 +226,11 @@ def step_seconds(compiled, carry, batch, repeats: int) -> tuple[float, tuple, di
   return seconds, last["carry"], last["metrics"]
 
 
-def _profile(tx, launch: float, repeats: int, sizes) -> gradcomp.Profile:
+def _profile(tx, launch: float, repeats: int, sizes) -> gradcomp.sim.Profile:
   """``Comp`` with every device compressing at once, minus the launch."""
-  measured = gradcomp.profile(tx, sizes, devices=len(jax.devices()), repeats=repeats)
+  measured = gradcomp.fusion.profile(
+    tx, sizes, devices=len(jax.devices()), repeats=repeats
+  )
   return dataclasses.replace(
     measured,
     seconds=tuple(max(t - launch, 0.0) for t in measured.seconds),
@@ -236,9 +238,9 @@ def _profile(tx, launch: float, repeats: int, sizes) -> gradcomp.Profile:
   )
 
 
-def workload(setup: Setup, launch: float, backward: float) -> gradcomp.Workload:
+def workload(setup: Setup, launch: float, backward: float) -> gradcomp.sim.Workload:
   """Leaves in gradient-ready order; forward = launch + backward / 2."""
-  return gradcomp.Workload.from_weights(
+  return gradcomp.sim.Workload.from_weights(
     [setup.sizes[i] for i in setup.order],
     [setup.flops[i] for i in setup.order],
     backward,
@@ -280,7 +282,7 @@ def run(
   repeats: int = 5,
   out_dir: str = "bench_out/",
   profile_sizes: Sequence[int] = PROFILE_SIZES,
-  cluster: gradcomp.Cluster | None = None,
+  cluster: gradcomp.sim.Cluster | None = None,
   depth: int = 20,
 ) -> dict:
   """Measured and predicted step time of every compressor x plan; returns results.
@@ -359,7 +361,7 @@ def run(
       profile_sizes,
     )
   }
-  bare = gradcomp.CostModel(profiles[name], cluster, workload(setup, launch, 0.0))
+  bare = gradcomp.sim.CostModel(profiles[name], cluster, workload(setup, launch, 0.0))
   overhead = float(bare.iteration_seconds(())[0])
   backward = max(dense["step_s"] - overhead, 0.0) / 1.5
   log(
@@ -375,10 +377,10 @@ def run(
     if name not in profiles:
       tx = gradcomp.get(name, axis_name=AXIS, **hp)
       profiles[name] = _profile(tx, launch, repeats, profile_sizes)
-    cost = gradcomp.CostModel(profiles[name], cluster, work)
+    cost = gradcomp.sim.CostModel(profiles[name], cluster, work)
     for label in plans:
       method = "heuristic" if label == "auto" else label
-      plan = gradcomp.search_plan(cost, setup.order, method)
+      plan = gradcomp.fusion.search_plan(cost, setup.order, method)
       m = measure_plan(name, plan, label)
       timeline = cost.timeline(plan)
       row = {

@@ -17,7 +17,7 @@ fp32 all-reduce of all parameters (``4 x`` parameters bytes; the ``none``
 compressor's row must read 1.0). Because an all-gather moves ``n - 1`` times
 its operand on a ring and an all-reduce ``2 (n - 1) / n`` times, the JSON and
 table also give the ring traffic per worker at ``workers`` as a fraction of
-dense's (volume factors of ``gradcomp.Cluster``, topology ``"ring"``).
+dense's (volume factors of ``gradcomp.sim.Cluster``, topology ``"ring"``).
 
 **Where the numbers come from.** Fused: the compiled, optimised HLO of the
 step (``jit(...).lower(...).compile()``, parsed by
@@ -127,7 +127,7 @@ def ring_bytes(per_kind: dict[str, int], workers: int) -> float:
   ``Cluster.exchange_seconds`` with no latency at 8 Gbit/s (1 ns per byte) is
   the ring's volume factor times the operand bytes, in ns.
   """
-  ring = gradcomp.Cluster(workers, bandwidth_gbps=8.0, latency_us=0.0)
+  ring = gradcomp.sim.Cluster(workers, bandwidth_gbps=8.0, latency_us=0.0)
   return sum(
     float(ring.exchange_seconds(kind, nbytes, 0)) * 1e9
     for kind, nbytes in per_kind.items()

@@ -59,7 +59,7 @@ class Neighbours(Pattern):
   traced update, so the records never outlive one trace.
 
   Args:
-    topology: a :class:`gradcomp.parallel.topology.Topology`.
+    topology: a :class:`gradcomp.topology.Topology`.
     step: the step count (traced int32) choosing the topology's phase.
     axis: the mesh axis of the workers.
   """

@@ -121,7 +121,7 @@ def layerfusion(
       Ethernet), the same in ``init`` and inside the step.
     profile: for ``"auto"``: ``inner``'s measured :class:`Profile`; default:
       measured on this backend when the factory is called, once per process
-      and compressor (``gradcomp.profile(inner)``, seconds to a minute).
+      and compressor (``gradcomp.fusion.profile(inner)``, seconds to a minute).
     backward_seconds: for ``"auto"``: the step's backward time, a total split
       over the leaves in proportion to their size, or one time per leaf in
       gradient-ready order. The default 0 plans without overlap (compression

@@ -4,7 +4,7 @@
 :func:`mix_decoded` mixes a compressed payload that crosses the wire as it
 is and is decoded by each receiver (CHOCO-SGD's compressed gossip, Koloskova
 et al. 2019). Both run under ``jax.shard_map`` (JAX 0.10 varying types) and
-``jax.pmap``. The topologies themselves are :mod:`gradcomp.parallel.topology`.
+``jax.pmap``. The topologies themselves are :mod:`gradcomp.topology`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradcomp.parallel.branches import varying_axes
-from gradcomp.parallel.topology import Phase, Topology, _is_int
+from gradcomp.topology import Phase, Topology, _is_int
 
 
 def _accumulator_dtype(dtype):

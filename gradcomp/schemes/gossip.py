@@ -1,7 +1,7 @@
 r"""Decentralized SGD: D-PSGD over a topology, and CHOCO-SGD with any gathered codec.
 
 Survey 004 §2.3 (gossiping SGD: workers average only with neighbours). Two
-algorithms on a :class:`~gradcomp.parallel.topology.Topology` (its mixing
+algorithms on a :class:`~gradcomp.topology.Topology` (its mixing
 matrix :math:`W_t` at step :math:`t` is doubly stochastic):
 
 * **D-PSGD** (Lian et al. 2017, "Can Decentralized Algorithms Outperform
@@ -52,11 +52,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from gradcomp import topology as topology_lib
 from gradcomp.compressors import exchange
 from gradcomp.compressors.base import CompressorState
 from gradcomp.compressors.spec import spec_of
 from gradcomp.parallel import mixing
-from gradcomp.parallel import topology as topology_lib
 from gradcomp.schemes import base
 
 
@@ -112,7 +112,7 @@ def gossip(
 
   Args:
     inner: the worker's local optimizer.
-    topology: a :class:`~gradcomp.parallel.topology.Topology` for the
+    topology: a :class:`~gradcomp.topology.Topology` for the
       axis's worker count, or a name (``ring``, ``torus``, ``exponential``,
       ``one_peer_exponential``, ``complete``) built for it.
     compressor: a gradcomp compressor (any ``axis_name``: it is rebuilt for

@@ -11,6 +11,17 @@ compressors (for a profile's label), models (for a model's workload and FLOPs)
 and parallel (gossip topologies), never fusion, schemes or bench.
 """
 
+from gradcomp.sim.clock import SimClock as SimClock
+from gradcomp.sim.clock import forward_flops_per_sample as forward_flops_per_sample
+from gradcomp.sim.clock import local_sgd_round_seconds as local_sgd_round_seconds
+from gradcomp.sim.clock import simulate_rounds as simulate_rounds
+from gradcomp.sim.clock import synchronous_step_seconds as synchronous_step_seconds
+from gradcomp.sim.clock import training_flops as training_flops
+from gradcomp.sim.cluster import Cluster as Cluster
+from gradcomp.sim.cluster import Failure as Failure
+from gradcomp.sim.cluster import Slowdown as Slowdown
+from gradcomp.sim.collectives import allreduce_table as allreduce_table
+from gradcomp.sim.collectives import best_allreduce as best_allreduce
 from gradcomp.sim.delayed import delayed_exchange as delayed_exchange
 from gradcomp.sim.delayed import method_step_seconds as method_step_seconds
 from gradcomp.sim.delayed import saving_over_bitsgd as saving_over_bitsgd
@@ -22,3 +33,7 @@ from gradcomp.sim.epochs import simulate_masked_epoch as simulate_masked_epoch
 from gradcomp.sim.gossip import gossip_step_seconds as gossip_step_seconds
 from gradcomp.sim.gossip import gossip_worker_seconds as gossip_worker_seconds
 from gradcomp.sim.gossip import simulate_gossip as simulate_gossip
+from gradcomp.sim.profile import Profile as Profile
+from gradcomp.sim.timeline import CostModel as CostModel
+from gradcomp.sim.timeline import Timeline as Timeline
+from gradcomp.sim.timeline import Workload as Workload

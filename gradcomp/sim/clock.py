@@ -158,7 +158,7 @@ class SimClock:
 def simulate_rounds(
   cluster: Cluster, flops_per_step: float, is_round, round_wire: dict, steps: int
 ) -> np.ndarray:
-  """Simulated seconds after each step ``0 .. steps`` of a run with exchange rounds.
+  """Simulated seconds after each step 0 to ``steps`` of a run with exchange rounds.
 
   The run's :class:`SimClock` played out: every step each worker computes
   ``flops_per_step``; a step with ``is_round(step)`` is a barrier followed by

@@ -383,7 +383,7 @@ def simulate_delayed(
   steps: int,
   delta: float = 0.0,
 ) -> np.ndarray:
-  """Simulated seconds after each step ``0 .. steps`` of a CD-SGD run on a cluster.
+  """Simulated seconds after each step 0 to ``steps`` of a CD-SGD run on a cluster.
 
   Plays out the module docstring's per-worker recursion: warm-up steps end
   in a synchronous full-precision exchange; from the switch on, message

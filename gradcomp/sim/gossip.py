@@ -4,7 +4,7 @@ DESIGN §6: "gossip waits only for neighbours". A gossip step (D-PSGD, Lian
 et al. 2017; CHOCO-SGD, Koloskova et al. 2019; survey 004 §2.3) has no
 global barrier: worker ``i`` finishes step ``t`` once it has its own update
 and the messages of its in-neighbours in the topology's phase of step ``t``
-(:meth:`~gradcomp.parallel.topology.Topology.in_neighbours`). A slow worker
+(:meth:`~gradcomp.topology.Topology.in_neighbours`). A slow worker
 therefore delays its neighbours in the next step, their neighbours in the
 step after, and so on, one hop per step, where a synchronous all-reduce
 (:func:`~gradcomp.sim.clock.simulate_rounds`) delays everyone at once.
@@ -62,10 +62,10 @@ import math
 
 import numpy as np
 
-from gradcomp.parallel import topology as topologies
-from gradcomp.parallel.topology import Topology
+from gradcomp import topology as topologies
 from gradcomp.sim.clock import _check_positive
 from gradcomp.sim.cluster import Cluster, _is_int, _is_real
+from gradcomp.topology import Topology
 
 
 def _inputs(cluster, flops_per_step, topology, message_bytes):
@@ -109,7 +109,7 @@ def gossip_worker_seconds(
   *,
   overlap: bool = True,
 ) -> np.ndarray:
-  """Each worker's simulated time after each step ``0 .. steps`` of a gossip run.
+  """Each worker's simulated time after each step 0 to ``steps`` of a gossip run.
 
   The module docstring's recursion: worker ``i`` ends step ``t`` when it has
   computed and received its in-neighbours' messages of that step's phase.
@@ -118,9 +118,9 @@ def gossip_worker_seconds(
     cluster: the described cluster (speeds, slowdowns, failures, links); its
       ``topology`` must be ``"ring"`` (peer links).
     flops_per_step: one worker's training FLOPs per step, finite and > 0.
-    topology: a :class:`~gradcomp.parallel.topology.Topology` on
+    topology: a :class:`~gradcomp.topology.Topology` on
       ``cluster.workers`` workers, or a name for
-      :func:`~gradcomp.parallel.topology.get`.
+      :func:`~gradcomp.topology.get`.
     message_bytes: the bytes of one message (one ``ppermute``'s operand, as
       read from the compiled step), finite and >= 0.
     steps: the run's number of steps, >= 0.
@@ -178,7 +178,7 @@ def simulate_gossip(
   *,
   overlap: bool = True,
 ) -> np.ndarray:
-  """Simulated seconds after each step ``0 .. steps`` of a gossip run on a cluster.
+  """Simulated seconds after each step 0 to ``steps`` of a gossip run on a cluster.
 
   Entry ``t`` is the latest finish of step ``t`` over the workers still
   running (:func:`gossip_worker_seconds`' row ``t``, its finite entries;

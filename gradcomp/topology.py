@@ -27,7 +27,9 @@ one peer per step; Ying et al. 2021), :func:`complete`, a user's matrices
 checked doubly stochastic at construction.
 
 The values are NumPy (the simulator prices them without JAX); the mixing
-itself, one ``ppermute`` per edge, is :mod:`gradcomp.parallel.mixing`.
+itself, one ``ppermute`` per edge, is :mod:`gradcomp.parallel.mixing`. Use a
+topology with :func:`gradcomp.gossip` and price it with
+:func:`gradcomp.sim.simulate_gossip`.
 
 References:
   Survey 004 §2.3 (gossiping SGD).
@@ -50,6 +52,21 @@ import math
 import numbers
 
 import numpy as np
+
+__all__ = [
+  "NAMES",
+  "Edge",
+  "Phase",
+  "Topology",
+  "complete",
+  "exponential",
+  "from_matrices",
+  "get",
+  "one_peer_exponential",
+  "ring",
+  "torus",
+  "torus_shape",
+]
 
 #: The topologies :func:`get` builds by name.
 NAMES = ("ring", "torus", "exponential", "one_peer_exponential", "complete")
@@ -313,7 +330,7 @@ class Topology:
       )
 
   def period_matrix(self) -> np.ndarray:
-    """``W_{P-1} ... W_1 W_0``: the mixing of one period of ``P`` phases."""
+    r"""The mixing of one period of ``P`` phases: :math:`W_{P-1} \cdots W_1 W_0`."""
     product = np.eye(self.workers)
     for phase in self.phases:
       product = phase.matrix() @ product
@@ -324,7 +341,7 @@ class Topology:
     return tuple(_gap(phase.matrix()) for phase in self.phases)
 
   def spectral_gap(self) -> float:
-    """The spectral gap of one period: ``1 - ||W_{P-1} ... W_0 - J||_2``.
+    r"""The spectral gap of one period: :math:`1 - \|W_{P-1} \cdots W_0 - J\|_2`.
 
     For a static topology (one phase) this is ``1 - sigma_2(W)``, one minus
     the second largest singular value of ``W`` (for a doubly stochastic

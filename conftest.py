@@ -1,12 +1,31 @@
-"""Eight virtual CPU devices, configured before JAX initialises its backends."""
+"""Eight virtual CPU devices for the tests and every doctest, set before JAX starts.
 
+Lives at the repository root so that the docstring examples (``pytest
+--doctest-modules gradcomp``) and the documentation pages (``docs/**/*.md``,
+collected by Sybil) run on the same eight devices as ``tests/``. Every
+``python`` code block of a page runs, in order, in one namespace per page;
+``>>>`` lines in it are checked as doctests.
+"""
+
+import doctest
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+from sybil import Sybil  # noqa: E402
+from sybil.parsers.myst import PythonCodeBlockParser, SkipParser  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+_OPTIONFLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+pytest_collect_file = Sybil(
+  parsers=[PythonCodeBlockParser(doctest_optionflags=_OPTIONFLAGS), SkipParser()],
+  patterns=["*.md"],
+  path="docs",
+  excludes=["_build/*"],
+).pytest()
 
 
 def pytest_collection_modifyitems(config, items):
