@@ -44,7 +44,7 @@ test: $(STAMP)
 	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m ruff check $(LINTED)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules tests gradcomp docs
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules tests gradcomp train configs docs
 
 # The documentation site, with warnings as errors: open docs/_build/html/index.html.
 docs: $(STAMP)

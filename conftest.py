@@ -13,6 +13,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 from sybil import Sybil  # noqa: E402
 from sybil.parsers.myst import PythonCodeBlockParser, SkipParser  # noqa: E402
 
@@ -28,8 +29,12 @@ pytest_collect_file = Sybil(
 ).pytest()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-  """Makes ``--dist loadgroup`` keep each ``xdist_group`` on one worker again.
+  """Puts each page's examples in one ``xdist_group``, and keeps groups on one worker.
+
+  A page's code blocks share its namespace, so they must run on one worker,
+  in order (first, before xdist's own hook reads the groups).
 
   pytest-xdist (3.8) groups tests by appending ``@<group>`` to each marked
   item's node id in the worker, by assigning ``item._nodeid``; pytest 9.2
@@ -40,6 +45,9 @@ def pytest_collection_modifyitems(config, items):
   nothing without ``--dist loadgroup``, on a pytest without ``_id`` (where
   xdist's own assignment works) or where the suffix is already there.
   """
+  for item in items:
+    if item.path.suffix == ".md":
+      item.add_marker(pytest.mark.xdist_group(f"docs-{item.path.stem}"))
   if not getattr(config.option, "loadgroup", False):
     return
   try:
