@@ -125,6 +125,13 @@ class Edge:
     sources: per receiving worker, the sending worker in ``[0, n)`` or -1.
     weights: per receiving worker, the weight of what it receives: finite
       and > 0 where it receives, 0 where it does not.
+
+  Examples:
+    Workers 0 and 1 swap values, worker 2 receives nothing:
+
+    >>> e = Edge(sources=(1, 0, -1), weights=(0.5, 0.5, 0.0))
+    >>> e.perm, e.is_permutation
+    (((1, 0), (0, 1)), False)
   """
 
   sources: tuple[int, ...]
@@ -203,6 +210,15 @@ class Phase:
     edges: the phase's :class:`Edge` values, in send order (the simulator
       sends a worker's messages one after another in this order).
     self_weights: per worker, the weight of its own value, finite and >= 0.
+
+  Examples:
+    Workers 0 and 1 average with each other; worker 2 keeps its value:
+
+    >>> swap = Edge(sources=(1, 0, -1), weights=(0.5, 0.5, 0.0))
+    >>> Phase(edges=(swap,), self_weights=(0.5, 0.5, 1.0)).matrix()
+    array([[0.5, 0.5, 0. ],
+           [0.5, 0.5, 0. ],
+           [0. , 0. , 1. ]])
   """
 
   edges: tuple[Edge, ...]
@@ -438,13 +454,34 @@ def ring(n: int) -> Topology:
 
   Returns:
     A static :class:`Topology` named ``"ring"``.
+
+  Examples:
+    Three times the matrix on five workers (a circulant band), and its
+    spectral gap against the closed form:
+
+    >>> import math
+    >>> t = ring(5)
+    >>> (3 * t.matrix(0)).round().astype(int)
+    array([[1, 1, 0, 0, 1],
+           [1, 1, 1, 0, 0],
+           [0, 1, 1, 1, 0],
+           [0, 0, 1, 1, 1],
+           [1, 0, 0, 1, 1]])
+    >>> closed_form = 1 - (1 + 2 * math.cos(2 * math.pi / 5)) / 3
+    >>> round(t.spectral_gap(), 6), round(closed_form, 6)
+    (0.460655, 0.460655)
   """
   n = _check_workers(n)
   return _uniform(n, (1, -1), "ring")
 
 
 def torus_shape(n: int) -> tuple[int, int]:
-  """The torus grid ``(r, c)``: ``r`` the largest divisor of ``n`` with ``r <= sqrt(n)``."""
+  """The torus grid ``(r, c)``: ``r`` the largest divisor of ``n`` with ``r <= sqrt(n)``.
+
+  Examples:
+    >>> [torus_shape(n) for n in (7, 8, 9, 12)]  # a prime is one row: a ring
+    [(1, 7), (2, 4), (3, 3), (3, 4)]
+  """
   n = _check_workers(n)
   r = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
   return r, n // r
@@ -473,6 +510,18 @@ def torus(n: int) -> Topology:
 
   Returns:
     A static :class:`Topology` named ``"torus"``.
+
+  Examples:
+    On a 3 x 3 grid the centre, worker 4, receives from above, below, left
+    and right, and weighs itself and each of them 1/5:
+
+    >>> t = torus(9)
+    >>> t.messages(0), t.in_neighbours(0, 4)
+    (4, [1, 7, 3, 5])
+    >>> t.matrix(0)[4].round(2).tolist()
+    [0.0, 0.2, 0.0, 0.2, 0.2, 0.2, 0.0, 0.2, 0.0]
+    >>> torus(8).in_neighbours(0, 0)  # 2 x 4: up and down are one worker
+    [4, 3, 1]
   """
   r, c = torus_shape(n)
   grid = np.arange(n).reshape(r, c)
@@ -507,6 +556,14 @@ def exponential(n: int) -> Topology:
 
   Returns:
     A static :class:`Topology` named ``"exponential"``.
+
+  Examples:
+    On 8 workers (``tau = 3``), worker 0 receives from 0 - 1, 0 - 2 and 0 - 4
+    (mod 8); the gap is ``2 / (tau + 1)``:
+
+    >>> t = exponential(8)
+    >>> t.in_neighbours(0, 0), t.messages(0), round(t.spectral_gap(), 6)
+    ([7, 6, 4], 3, 0.5)
   """
   n = _check_workers(n)
   return _uniform(n, tuple(2**k for k in range(_log2_ceil(n))), "exponential")
@@ -542,6 +599,22 @@ def one_peer_exponential(n: int) -> Topology:
   Returns:
     A :class:`Topology` named ``"one_peer_exponential"`` with
     ``max(1, ceil(log2 n))`` phases.
+
+  Examples:
+    On 8 workers, three steps of one message each (from 1, 2 and 4 workers
+    back) leave every worker with the initial mean, 3.5, exactly:
+
+    >>> import numpy as np
+    >>> t = one_peer_exponential(8)
+    >>> x = np.arange(8.0)
+    >>> for step in range(3):
+    ...   x = t.matrix(step) @ x
+    ...   print(t.in_neighbours(step, 0), x.tolist())
+    [7] [3.5, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5]
+    [6] [4.5, 3.5, 2.5, 1.5, 2.5, 3.5, 4.5, 5.5]
+    [4] [3.5, 3.5, 3.5, 3.5, 3.5, 3.5, 3.5, 3.5]
+    >>> t.spectral_gap(), [round(g, 4) for g in t.phase_spectral_gaps()]
+    (1.0, [0.0761, 0.0, 0.0])
   """
   n = _check_workers(n)
   tau = _log2_ceil(n)
@@ -564,6 +637,11 @@ def complete(n: int) -> Topology:
 
   Returns:
     A static :class:`Topology` named ``"complete"``.
+
+  Examples:
+    >>> t = complete(4)
+    >>> t.matrix(0).tolist()[0], t.messages(0), t.spectral_gap()
+    ([0.25, 0.25, 0.25, 0.25], 3, 1.0)
   """
   n = _check_workers(n)
   return _uniform(n, tuple(range(1, n)), "complete")

@@ -78,6 +78,17 @@ def fp16(
     An ``optax.GradientTransformation``; the output is the float mean, rounded
     as the 16-bit sum was.
 
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import gradcomp
+    >>> g = {"w": jnp.array([1 / 3, 1e5, -2.0])}
+    >>> tx = gradcomp.fp16()  # one worker: 1e5 saturates at float16's 65504
+    >>> tx.update(g, tx.init(g))[0]["w"].tolist()
+    [0.333251953125, 65504.0, -2.0]
+    >>> tx = gradcomp.fp16(dtype=jnp.bfloat16)  # float32's range, 8 bits of mantissa
+    >>> tx.update(g, tx.init(g))[0]["w"].tolist()
+    [0.333984375, 99840.0, -2.0]
+
   References:
     Paper 000 §5 (FP16 with LayerFusion, Figs. 3-5).
   """

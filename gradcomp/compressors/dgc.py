@@ -162,6 +162,20 @@ def dgc(
   Returns:
     An ``optax.GradientTransformation``.
 
+  Examples:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import gradcomp
+    >>> tx = gradcomp.dgc(0.25, momentum=0.5)  # 1 of 4 coordinates per step
+    >>> update = jax.jit(tx.update)
+    >>> g = {"w": jnp.array([1.0, -4.0, 2.0, 0.5])}
+    >>> out, state = update(g, tx.init(g))  # u = v = g
+    >>> out["w"].tolist()
+    [0.0, -4.0, 0.0, 0.0]
+    >>> out, state = update(g, state)  # u = 0.5 u + g, v = v + u
+    >>> out["w"].tolist(), state.leaves["w"].velocity.tolist()
+    ([0.0, 0.0, 5.0, 0.0], [2.5, -4.0, 0.0, 1.25])
+
   References:
     Lin et al., *Deep Gradient Compression*, ICLR 2018, §3; paper 000 Table 1.
   """

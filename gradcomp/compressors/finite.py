@@ -50,6 +50,24 @@ def apply_if_finite(
     An ``optax.GradientTransformationExtraArgs`` with
     ``optax.ApplyIfFiniteState``; keyword arguments of ``update`` beyond
     ``params`` (e.g. GoSGD's ``active``) go to ``inner.update``.
+
+  Examples:
+    A NaN step is skipped: zero updates, and top-k's residual left as it was.
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import gradcomp
+    >>> tx = gradcomp.apply_if_finite(gradcomp.topk(0.5), max_consecutive_errors=2)
+    >>> update = jax.jit(tx.update)
+    >>> g = {"w": jnp.array([1.0, -3.0, 0.5, 2.0])}
+    >>> out, state = update(g, tx.init(g))
+    >>> out["w"].tolist(), state.inner_state.leaves["w"].residual.tolist()
+    ([0.0, -3.0, 0.0, 2.0], [1.0, 0.0, 0.5, 0.0])
+    >>> out, state = update({"w": g["w"].at[1].set(jnp.nan)}, state)
+    >>> out["w"].tolist(), state.inner_state.leaves["w"].residual.tolist()
+    ([0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.5, 0.0])
+    >>> int(state.notfinite_count), int(state.inner_state.count)
+    (1, 1)
   """
   if not isinstance(max_consecutive_errors, int) or max_consecutive_errors < 0:
     raise ValueError(

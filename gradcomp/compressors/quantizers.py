@@ -65,6 +65,24 @@ def qsgd(
   Returns:
     An ``optax.GradientTransformation``; unbiased when ``error_feedback=False``.
 
+  Examples:
+    Every output is a multiple of ``||g|| / s``, and their average over steps
+    (fresh rounding each step) is ``g``:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import gradcomp
+    >>> tx = gradcomp.qsgd(levels=2)
+    >>> g = {"w": jnp.array([0.3, -0.4, 0.5, 0.0])}  # one bucket, ||g|| = 0.707
+    >>> def step(state, _):
+    ...   out, state = tx.update(g, state)
+    ...   return state, out["w"]
+    >>> _, outs = jax.lax.scan(step, tx.init(g), length=4000)
+    >>> jnp.unique(jnp.round(outs / (jnp.linalg.norm(g["w"]) / 2), 3)).tolist()
+    [-2.0, -1.0, 0.0, 1.0, 2.0]
+    >>> [round(v, 2) for v in outs.mean(axis=0).tolist()]
+    [0.3, -0.4, 0.5, 0.0]
+
   References:
     Alistarh et al., *QSGD*, NeurIPS 2017, §3 and §5 (paper 000 ref. [3],
     Table 1).
@@ -136,6 +154,24 @@ def terngrad(
 
   Returns:
     An ``optax.GradientTransformation``; the output is unbiased.
+
+  Examples:
+    Every output is ``-s``, 0 or ``s`` with ``s = max |g| = 2``, and their
+    average over steps is ``g``:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import gradcomp
+    >>> tx = gradcomp.terngrad()
+    >>> g = {"w": jnp.array([0.4, -1.2, 2.0, 0.0])}
+    >>> def step(state, _):
+    ...   out, state = tx.update(g, state)
+    ...   return state, out["w"]
+    >>> _, outs = jax.lax.scan(step, tx.init(g), length=4000)
+    >>> jnp.unique(outs).tolist()
+    [-2.0, 0.0, 2.0]
+    >>> [round(v, 1) for v in outs.mean(axis=0).tolist()]
+    [0.4, -1.2, 2.0, 0.0]
 
   References:
     Wen et al., *TernGrad*, NeurIPS 2017 (paper 000 Table 1).

@@ -63,6 +63,21 @@ def randomk(
   Returns:
     An ``optax.GradientTransformation``.
 
+  Examples:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import gradcomp
+    >>> tx = gradcomp.randomk(0.5)  # k = 3 of 6, one in each block of 2, shifted
+    >>> update = jax.jit(tx.update)
+    >>> g = {"w": jnp.arange(1.0, 7.0)}
+    >>> out, state = update(g, tx.init(g))
+    >>> out["w"].tolist()
+    [1.0, 2.0, 0.0, 4.0, 0.0, 0.0]
+    >>> (out["w"] + state.leaves["w"].residual).tolist()  # sent + kept = g
+    [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    >>> update(g, state)[0]["w"].tolist()  # new indices; e = r + g there
+    [0.0, 2.0, 6.0, 0.0, 10.0, 0.0]
+
   References:
     Paper 000 Table 1; Stich, Cordonnier & Jaggi 2018.
   """

@@ -23,14 +23,37 @@ _REGISTRY: dict[str, Callable[..., optax.GradientTransformation]] = {}
 
 
 def register(name: str, factory: Callable[..., optax.GradientTransformation]) -> None:
-  """Makes ``factory`` available as ``gradcomp.get(name, ...)``."""
+  """Makes ``factory`` available as ``gradcomp.get(name, ...)``.
+
+  Args:
+    name: the new name; names are never removed or replaced.
+    factory: builds the transformation from keyword arguments.
+
+  Raises:
+    ValueError: ``name`` is already registered.
+
+  Examples:
+    >>> import gradcomp
+    >>> gradcomp.register("topk", gradcomp.topk)
+    Traceback (most recent call last):
+      ...
+    ValueError: a compressor named 'topk' is already registered
+  """
   if name in _REGISTRY:
     raise ValueError(f"a compressor named {name!r} is already registered")
   _REGISTRY[name] = factory
 
 
 def names() -> tuple[str, ...]:
-  """The registered compressor names, sorted."""
+  """The registered compressor names, sorted.
+
+  Examples:
+    >>> import gradcomp
+    >>> print(", ".join(gradcomp.names()))  # doctest: +NORMALIZE_WHITESPACE
+    dgc, dynamic_fixed_point, ef_signsgd, fixed_point, fp16, none, onebit_sgd,
+    powersgd, qsgd, randomk, signsgd, sketch_topk, sparse_quantize, terngrad,
+    threshold_quantize, topk
+  """
   return tuple(sorted(_REGISTRY))
 
 
@@ -40,6 +63,22 @@ def get(name: str, **kwargs) -> optax.GradientTransformation:
   Raises:
     ValueError: for an unknown name (the message lists the valid ones) or, from
       the factory, for invalid hyper-parameters.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import gradcomp
+    >>> tx = gradcomp.get("topk", ratio=0.5)  # gradcomp.topk(ratio=0.5)
+    >>> g = {"w": jnp.array([0.5, -3.0, 1.0, 2.0])}
+    >>> tx.update(g, tx.init(g))[0]["w"].tolist()
+    [0.0, -3.0, 0.0, 2.0]
+    >>> gradcomp.get("top_k", ratio=0.5)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+      ...
+    ValueError: unknown compressor 'top_k'; valid names: dgc, ..., topk
+    >>> gradcomp.get("topk", ratio=2.0)
+    Traceback (most recent call last):
+      ...
+    ValueError: ratio must be in (0, 1], got 2.0
   """
   try:
     factory = _REGISTRY[name]

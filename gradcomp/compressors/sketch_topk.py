@@ -122,6 +122,21 @@ def sketch_topk(
   Raises:
     ValueError: ``ratio``, ``rows`` or ``cols`` out of range.
 
+  Examples:
+    One heavy coordinate among 16: it is found from the sketch, and the
+    second of the ``k = 2`` slots goes to a random coordinate:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import gradcomp
+    >>> tx = gradcomp.sketch_topk(0.125)
+    >>> g = {"w": jnp.full(16, 0.125).at[3].set(8.0)}  # sum 9.875
+    >>> out, state = jax.jit(tx.update)(g, tx.init(g))
+    >>> float(out["w"][3]), int((out["w"] != 0).sum()), float(out["w"].sum())
+    (8.0, 2, 8.125)
+    >>> float(state.leaves["w"].residual.sum())  # the other 14 wait: 14 * 0.125
+    1.75
+
   References:
     Paper 000 Alg. 1 (§4.1); Ivkin, Rothchild, Ullah, Braverman, Stoica &
     Arora, NeurIPS 2019 (ref [17]), HEAVYMIX and the second round.

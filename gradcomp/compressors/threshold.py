@@ -41,6 +41,19 @@ def threshold_quantize(
   Returns:
     An ``optax.GradientTransformation``.
 
+  Examples:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import gradcomp
+    >>> tx = gradcomp.threshold_quantize(0.5)
+    >>> update = jax.jit(tx.update)
+    >>> g = {"w": jnp.array([0.75, -0.25, -1.5, 0.375])}
+    >>> out, state = update(g, tx.init(g))
+    >>> out["w"].tolist(), state.leaves["w"].residual.tolist()
+    ([0.5, 0.0, -0.5, 0.0], [0.25, -0.25, -1.0, 0.375])
+    >>> update(g, state)[0]["w"].tolist()  # e = r + g = [1.0, -0.5, -2.5, 0.75]
+    [0.5, -0.5, -0.5, 0.5]
+
   References:
     Paper 001 §3 (2-bit quantization in CD-SGD); paper 004 §4 (threshold
     quantization with error feedback).

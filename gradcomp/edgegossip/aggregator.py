@@ -82,6 +82,18 @@ class Aggregation:
     indices: ``(N,)`` int64, sample indices grouped by subset: subset ``m`` is
       ``indices[offsets[m]:offsets[m + 1]]``, increasing.
     offsets: ``(M + 1,)`` int64, ``offsets[0] = 0``, ``offsets[M] = N``.
+
+  Examples:
+    Samples 0 and 1 form one subset, 3 and 2 one each (numbered by class, then
+    smallest member):
+
+    >>> import numpy as np
+    >>> x = np.array([[0.0, 0.0], [2.0, 2.0], [10.0, 0.0], [4.0, 4.0]])
+    >>> agg = average_subsets(x, [0, 0, 1, 0], [5, 5, 7, 6])
+    >>> agg.num_subsets, agg.sizes.tolist(), [s.tolist() for s in agg.subsets()]
+    (3, [2, 1, 1], [[0, 1], [3], [2]])
+    >>> agg.offsets.tolist(), agg.subset(0).tolist()
+    ([0, 2, 3, 4], [0, 1])
   """
 
   points: np.ndarray
@@ -206,6 +218,14 @@ def kmeans_divide(
 
   Returns:
     ``(N,)`` int64 subset of each sample, numbered as the module docstring says.
+
+  Examples:
+    Six points of one class, ``ratio=2``: three clusters, around 0, 5 and 9.
+
+    >>> import numpy as np
+    >>> z = np.array([[0.0], [5.0], [0.1], [5.1], [9.0], [9.2]])
+    >>> kmeans_divide(z, np.zeros(6, int), ratio=2).tolist()
+    [0, 1, 0, 1, 2, 2]
   """
   iterations = _check_int("iterations", iterations, 1)
 
@@ -263,6 +283,18 @@ def lsh_divide(
 
   Returns:
     ``(N,)`` int64 subset of each sample, numbered as the module docstring says.
+
+  Examples:
+    Seven points of one class, ``ratio=2``: ``round(3.5) = 4`` buckets of
+    ``floor(7 / 4)`` or ``ceil(7 / 4)`` points; with two classes, no bucket
+    mixes them.
+
+    >>> import numpy as np
+    >>> z = np.random.default_rng(0).standard_normal((7, 3))
+    >>> np.bincount(lsh_divide(z, np.zeros(7, int), ratio=2)).tolist()
+    [2, 2, 2, 1]
+    >>> lsh_divide(z, np.array([0, 0, 0, 0, 1, 1, 1]), ratio=3).tolist()
+    [0, 0, 0, 0, 1, 1, 1]
   """
 
   def split(z: np.ndarray, k: int, state: int) -> np.ndarray:
@@ -284,6 +316,16 @@ def average_subsets(x: ArrayLike, y: ArrayLike, assignment: ArrayLike) -> Aggreg
 
   Returns:
     The :class:`Aggregation`.
+
+  Examples:
+    Any numbering goes in (5, 6, 7 here); subsets come out numbered by class,
+    then by smallest member, each point the mean of its members:
+
+    >>> import numpy as np
+    >>> x = np.array([[0.0, 0.0], [2.0, 2.0], [10.0, 0.0], [4.0, 4.0]])
+    >>> agg = average_subsets(x, [0, 0, 1, 0], [5, 5, 7, 6])
+    >>> agg.points.tolist(), agg.labels.tolist(), agg.assignment.tolist()
+    ([[1.0, 1.0], [4.0, 4.0], [10.0, 0.0]], [0, 0, 1], [0, 0, 2, 1])
   """
   a = as_samples(x)
   labels = _check_labels(y, a.shape[0])
@@ -332,6 +374,15 @@ def reduce_features(
   ``components`` is ``d'``: singular values per sample (default 10), GHA's
   components (default :func:`~gradcomp.edgegossip.reduction.gha_components`
   of ``d`` and ``ratio``) or the fingerprint length (default 10).
+
+  Examples:
+    On 64 features (read as 8 x 8 images): 8 singular values, 1 GHA
+    component (``log2(6.4 / 10)`` clipped to 1) and a 10-value fingerprint.
+
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).random((20, 64))
+    >>> [reduce_features(x, m).shape for m in METHODS]
+    [(20, 8), (20, 1), (20, 10)]
   """
   method = _check_method(method)
   ratio = _check_ratio(ratio)
@@ -364,7 +415,16 @@ def divide(
   iterations: int = DEFAULT_ITERATIONS,
   seed: int = 0,
 ) -> np.ndarray:
-  """Step 2 of ``method``: K-means (methods 1 and 3) or LSH (method 2)."""
+  """Step 2 of ``method``: K-means (methods 1 and 3) or LSH (method 2).
+
+  Examples:
+    >>> import numpy as np
+    >>> z, y = np.array([[0.0], [5.0], [0.1], [5.1], [9.0], [9.2]]), np.zeros(6, int)
+    >>> divide(z, y, "svd_kmeans", ratio=2).tolist()  # kmeans_divide
+    [0, 1, 0, 1, 2, 2]
+    >>> divide(z, y, "gha_lsh", ratio=2).tolist()  # lsh_divide
+    [0, 1, 0, 1, 2, 2]
+  """
   if _check_method(method) == "gha_lsh":
     return lsh_divide(reduced, y, ratio, seed=seed)
   return kmeans_divide(reduced, y, ratio, iterations=iterations, seed=seed)
@@ -424,7 +484,13 @@ def aggregate(
 
 
 class StageTimes(NamedTuple):
-  """Seconds per aggregation stage (paper 002 §4.3, Fig. 7): the best of repeats."""
+  """Seconds per aggregation stage (paper 002 §4.3, Fig. 7): the best of repeats.
+
+  Examples:
+    >>> st = StageTimes("gha_lsh", 10, 4, 0.5, 0.25, 0.125)
+    >>> st.subsets, st.total_seconds
+    (4, 0.875)
+  """
 
   method: str
   ratio: int
@@ -465,6 +531,20 @@ def time_aggregation(
 
   Returns:
     One :class:`StageTimes` per (method, ratio), methods outermost.
+
+  Examples:
+    Two classes of 10 samples: ratio 5 gives 2 subsets per class, ratio 10
+    one. The seconds are this machine's.
+
+    >>> import numpy as np
+    >>> x, y = np.random.default_rng(0).random((20, 64)), np.repeat([0, 1], 10)
+    >>> methods = ("gha_lsh", "hash_kmeans")
+    >>> for row in time_aggregation(x, y, methods=methods, ratios=(5, 10)):
+    ...   print(row.method, row.ratio, row.subsets)
+    gha_lsh 5 4
+    gha_lsh 10 2
+    hash_kmeans 5 4
+    hash_kmeans 10 2
   """
   repeats = _check_int("repeats", repeats, 1)
   methods = [_check_method(m) for m in methods]

@@ -58,6 +58,17 @@ class Balance:
     times: ``(E,)`` float64 ``T_i = |X_i| / p_i`` seconds; ``inf`` if failed.
     failed: ``(E,)`` bool ``F[i]``.
     halted: whether the failed share exceeded ``failure_threshold``.
+
+  Examples:
+    Platform 1 has failed (speed 0); platform 2 takes twice as long as
+    platform 0, so it keeps half its data. One failure in three exceeds the
+    default 10 %: ``on_halt="flag"`` returns instead of raising.
+
+    >>> b = balance([100, 100, 100], [10.0, 0.0, 5.0], on_halt="flag")
+    >>> b.ratios.tolist(), b.times.tolist(), b.failed.tolist(), b.halted
+    ([1.0, 0.0, 0.5], [10.0, inf, 20.0], [False, True, False], True)
+    >>> b.epoch_seconds, b.budgets([100, 100, 100]).tolist()
+    (10.0, [100.0, 0.0, 50.0])
   """
 
   ratios: np.ndarray

@@ -69,6 +69,16 @@ class EpochPlan:
       train on.
     subsets: ``(S,)`` int64, the subsets processed, in processing order.
     budget: ``r_i |X_i|``, the samples asked for.
+
+  Examples:
+    A budget of 5 takes the two highest-loss subsets (2 + 3 samples), one row
+    each; a third, padding row is asked for:
+
+    >>> import numpy as np
+    >>> subsets = [np.array([0, 1, 2]), np.array([3, 4]), np.array([5, 6, 7])]
+    >>> plan = plan_epoch(subsets, [1, 2, 0], 5, batch_size=4, steps=3)
+    >>> plan.subsets.tolist(), plan.samples, plan.steps, plan.active_steps
+    ([1, 2], 5, 3, 2)
   """
 
   indices: np.ndarray
@@ -107,6 +117,16 @@ def subset_losses(
 
   Returns:
     ``(M,)`` float64 finite losses ``e_m``.
+
+  Examples:
+    A squared error as the model's loss: the point of label 0 at 1.0 is the
+    worst, ranked first.
+
+    >>> import numpy as np
+    >>> points, labels = np.array([[0.5], [0.25], [1.0]]), np.array([1, 0, 0])
+    >>> losses = subset_losses(points, labels, lambda p, y: (p[:, 0] - y) ** 2)
+    >>> losses.tolist(), rank_subsets(losses).tolist()
+    ([0.25, 0.0625, 1.0], [2, 0, 1])
   """
   points = np.asarray(points)
   labels = np.asarray(labels)
@@ -289,6 +309,17 @@ def stack_plans(
   Returns:
     ``(indices, mask)``, each ``(workers, steps, batch_size)``; the added rows
     are masked.
+
+  Examples:
+    Worker 0 needs 3 rows for its 8 samples, worker 1 one row for 2: worker
+    1 gets two fully masked rows (it does not train in steps 1 and 2).
+
+    >>> import numpy as np
+    >>> subsets = [np.array([0, 1, 2]), np.array([3, 4]), np.array([5, 6, 7])]
+    >>> plans = [plan_epoch(subsets, [1, 2, 0], b, batch_size=4) for b in (8, 2)]
+    >>> indices, mask = stack_plans(plans)
+    >>> indices.shape, mask.sum(axis=(1, 2)).tolist(), mask.any(axis=2).tolist()
+    ((2, 3, 4), [8, 2], [[True, True, True], [True, False, False]])
   """
   if not plans:
     raise ValueError("plans must hold at least one EpochPlan, got none")

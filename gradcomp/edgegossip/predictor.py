@@ -74,6 +74,12 @@ class Usage(NamedTuple):
   """Co-running load ``U`` (paper 002 Table 4), one sample.
 
   ``np.asarray(usage)`` is the ``(3,)`` feature vector :class:`Predictor` takes.
+
+  Examples:
+    >>> import numpy as np
+    >>> u = Usage(core=0.5, network=2e6, disk=0.0)
+    >>> u._fields, np.asarray(u).tolist()
+    (('core', 'network', 'disk'), [0.5, 2000000.0, 0.0])
   """
 
   core: float  # fraction of all cores busy, in [0, 1]
@@ -110,6 +116,13 @@ def sample_usage(interval: float = 1.0, *, exclude_self: bool = True) -> Usage:
 
   Returns:
     The :class:`Usage`, every field finite and >= 0.
+
+  Examples:
+    The values are this machine's load; their kinds and ranges are fixed.
+
+    >>> u = sample_usage(0.01)
+    >>> type(u).__name__, [type(v).__name__ for v in u], 0.0 <= u.core <= 1.0
+    ('Usage', ['float', 'float', 'float'], True)
   """
   interval = _check_positive("interval", interval)
   me = psutil.Process()
@@ -309,6 +322,16 @@ class CoRunner:
     processes: child processes (cores loaded), >= 1.
     disk: write to disk instead of spinning.
     period: the duty cycle's period, seconds, > 0.
+
+  Examples:
+    One child spinning half of every 10 ms, stopped on leaving the block:
+
+    >>> load = CoRunner(0.5, duration=5.0)
+    >>> with load:
+    ...   print(load.alive, len(load.pids))
+    True 1
+    >>> load.alive
+    False
   """
 
   def __init__(

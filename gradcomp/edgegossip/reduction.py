@@ -203,6 +203,17 @@ def gha(
 
   Returns:
     ``(components, d)`` float64 ``W``.
+
+  Examples:
+    Points spread along ``(0.6, 0.8)`` with a little noise: the one row of
+    ``W`` is that direction (up to its sign), of unit norm.
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> x = np.outer(rng.standard_normal(200), [0.6, 0.8])
+    >>> x += 0.05 * rng.standard_normal((200, 2))
+    >>> np.abs(gha(x, 1)).round(2).tolist()
+    [[0.6, 0.8]]
   """
   a = as_samples(x).astype(np.float64)
   n, d = a.shape
@@ -246,6 +257,15 @@ def gha_features(
 
   Returns:
     ``(N, components)`` float64 array.
+
+  Examples:
+    Five points ``(1, 1) + t (0.6, 0.8)``: the feature is ``t`` (up to sign).
+
+    >>> import numpy as np
+    >>> t = np.array([-2.0, -1.0, 0.0, 1.0, 2.0])
+    >>> x = 1.0 + np.outer(t, [0.6, 0.8])
+    >>> gha_features(x, 1).round(2).ravel().tolist()
+    [-2.0, -1.0, 0.0, 1.0, 2.0]
   """
   a = as_samples(x).astype(np.float64)
   w = gha(

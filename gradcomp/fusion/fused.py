@@ -21,7 +21,22 @@ from gradcomp.kernels import numerics
 
 
 class LayerFusionState(NamedTuple):
-  """State of :func:`layerfusion`."""
+  """State of :func:`layerfusion`.
+
+  Examples:
+    ``inner`` sees the fused buffers, so its state is shaped like them: with
+    ``"single"``, top-k's error-feedback residual is one buffer of 2 + 6
+    values; layer-wise, one residual per leaf.
+
+    >>> import jax.numpy as jnp, gradcomp
+    >>> params = {"a": jnp.ones(2), "b": jnp.ones((2, 3))}
+    >>> state = gradcomp.layerfusion(gradcomp.topk(0.5), "single").init(params)
+    >>> type(state).__name__, [r.residual.shape for r in state.inner.leaves]
+    ('LayerFusionState', [(8,)])
+    >>> state = gradcomp.layerfusion(gradcomp.topk(0.5), "layerwise").init(params)
+    >>> [r.residual.shape for r in state.inner.leaves]
+    [(2,), (2, 3)]
+  """
 
   inner: optax.OptState  # the inner transformation's state over the fused buffers.
 

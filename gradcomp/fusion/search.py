@@ -183,6 +183,23 @@ def heuristic_search(
 
   Returns:
     ``(boundaries, predicted iteration seconds)``.
+
+  Examples:
+    One worker (no exchange), no backward to overlap: the big leaf alone
+    (0.2 + 4.194 ms), the three small ones fused (0.2 + 0.00024 ms), against
+    5.443 ms for one group and 4.994 ms layer-wise.
+
+    >>> import gradcomp
+    >>> s = (16, 2**20)  # 0.2 ms per call, 4 ns per value (5 ns fused)
+    >>> profile = gradcomp.sim.Profile(
+    ...   "x", "hand-made", 1, s, [2e-4 + 4e-9 * x for x in s],
+    ...   [2e-4 + 5e-9 * x for x in s], {"all-reduce": (64, 2**22)},
+    ...   {"all-reduce": (1, 1)})
+    >>> work = gradcomp.sim.Workload((2**20, 16, 16, 16), (0.0,) * 4)
+    >>> model = gradcomp.sim.CostModel(profile, gradcomp.sim.Cluster(1), work)
+    >>> boundaries, seconds = heuristic_search(model)
+    >>> boundaries, round(seconds * 1e3, 4)
+    ((1,), 4.5945)
   """
   if not 0 <= eps < 1:
     raise ValueError(f"eps must be in [0, 1), got {eps!r}")
@@ -212,6 +229,29 @@ def optimal_search(model: CostModel) -> tuple[tuple[int, ...], float]:
 
   Returns:
     ``(boundaries, predicted iteration seconds)``.
+
+  Examples:
+    Eight workers on 10 Gbps, 1 ms of backward per leaf: the two small leaves
+    ready first share a call, the big one and the last small one go alone,
+    each exchanged while the backward pass goes on; one group and layer-wise
+    take longer.
+
+    >>> import gradcomp
+    >>> s = (16, 2**20)  # 0.2 ms per call, 4 ns per value (5 ns fused)
+    >>> profile = gradcomp.sim.Profile(
+    ...   "x", "hand-made", 1, s, [2e-4 + 4e-9 * x for x in s],
+    ...   [2e-4 + 5e-9 * x for x in s], {"all-reduce": (64, 2**22)},
+    ...   {"all-reduce": (1, 1)})
+    >>> work = gradcomp.sim.Workload((16, 16, 2**20, 16), (1e-3,) * 4)
+    >>> cluster = gradcomp.sim.Cluster(8, bandwidth_gbps=10.0)
+    >>> model = gradcomp.sim.CostModel(profile, cluster, work)
+    >>> boundaries, seconds = optimal_search(model)
+    >>> boundaries, round(seconds * 1e3, 3)
+    ((2, 3), 14.167)
+    >>> for name, b in [("single", ()), ("layerwise", (1, 2, 3))]:
+    ...   print(name, round(float(model.iteration_seconds(b)[0]) * 1e3, 3))
+    single 15.665
+    layerwise 14.367
   """
   n = model.num_leaves
   start_clock = model.workload.forward_seconds
@@ -276,6 +316,26 @@ def search_plan(
     method: ``"heuristic"`` (paper 000 §4.3), ``"optimal"`` (DP),
       ``"layerwise"`` or ``"single"``.
     eps: the heuristic's stopping tolerance.
+
+  Returns:
+    The :class:`Plan` of the chosen partition, its groups in ``order``.
+
+  Examples:
+    Leaves 3, 2, 1, 0 are ready in that order; leaf 3 holds 2^20 values and
+    the others 16 each. The model lists the leaves in that order.
+
+    >>> import gradcomp
+    >>> s = (16, 2**20)  # 0.2 ms per call, 4 ns per value (5 ns fused)
+    >>> profile = gradcomp.sim.Profile(
+    ...   "x", "hand-made", 1, s, [2e-4 + 4e-9 * x for x in s],
+    ...   [2e-4 + 5e-9 * x for x in s], {"all-reduce": (64, 2**22)},
+    ...   {"all-reduce": (1, 1)})
+    >>> work = gradcomp.sim.Workload((2**20, 16, 16, 16), (0.0,) * 4)
+    >>> model = gradcomp.sim.CostModel(profile, gradcomp.sim.Cluster(1), work)
+    >>> search_plan(model, (3, 2, 1, 0)).groups
+    ((3,), (2, 1, 0))
+    >>> search_plan(model, (3, 2, 1, 0), "single").groups
+    ((3, 2, 1, 0),)
   """
   order = tuple(order)
   if len(order) != model.num_leaves:

@@ -107,6 +107,27 @@ def backup_workers(
       workers - 1]``, a negative ``jitter``, or (at trace time) a worker count
       other than ``len(speeds)``.
 
+  Examples:
+    Eight workers, the last two slower (speeds 0.5 and 0.25), two backups:
+    the server averages the gradients 0, ..., 5 of the six that arrive first
+    and drops workers 6 and 7; the round takes the sixth arrival's time, 1.
+
+    >>> import jax, jax.numpy as jnp, optax, gradcomp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> speeds = [1, 1, 1, 1, 1, 1, 0.5, 0.25]
+    >>> tx = gradcomp.backup_workers(
+    ...   optax.sgd(1.0), 2, speeds=speeds, axis_name="w")
+    >>> def step(g, p):
+    ...   u, s = tx.update(g, tx.init(p), p)
+    ...   return u, s.clock, s.dropped
+    >>> mesh = jax.make_mesh((8,), ("w",))
+    >>> f = jax.jit(
+    ...   jax.shard_map(step, mesh=mesh, in_specs=(P("w"), P()), out_specs=P()))
+    >>> grads = jax.device_put(jnp.arange(8.0), jax.NamedSharding(mesh, P("w")))
+    >>> u, clock, dropped = f(grads, jnp.zeros(1))
+    >>> u.tolist(), clock.item(), dropped.tolist()
+    ([-2.5], 1.0, [0, 0, 0, 0, 0, 0, 1, 1])
+
   References:
     Survey 004 §2.2; Chen et al., "Revisiting Distributed Synchronous SGD",
     2017.

@@ -134,6 +134,18 @@ def gossip(
       topology with a compressor (CHOCO's public copies assume fixed
       neighbours), or a codec that needs a global reduction.
 
+  Examples:
+    One worker has no neighbour to mix with: D-PSGD is its ``inner``
+    optimizer, here a step of ``-0.5 g``.
+
+    >>> import jax.numpy as jnp, optax, gradcomp
+    >>> tx = gradcomp.gossip(optax.sgd(0.5), "ring")
+    >>> params = {"w": jnp.array([1.0, 2.0])}
+    >>> grads = {"w": jnp.array([1.0, -2.0])}
+    >>> updates, state = tx.update(grads, tx.init(params), params)
+    >>> updates["w"].tolist(), int(state.count)
+    ([-0.5, 1.0], 1)
+
   References:
     Survey 004 §2.3; Lian et al. 2017; Koloskova et al. 2019 (Alg. 2).
   """

@@ -70,6 +70,24 @@ def stale_sgd(
     ValueError: for a bad ``inner`` or a ``staleness`` that is not an
       integer >= 0.
 
+  Examples:
+    With ``staleness=2`` the worker's params are the server's of two steps
+    before: the gradients 1, 10, 100, 1000 move the server to -1, -11, -111,
+    -1111, and the worker sees each value two steps later.
+
+    >>> import jax.numpy as jnp, optax, gradcomp
+    >>> tx = gradcomp.stale_sgd(optax.sgd(1.0), staleness=2)
+    >>> w = jnp.zeros(1)
+    >>> state = tx.init(w)
+    >>> for g in (1.0, 10.0, 100.0, 1000.0):
+    ...   u, state = tx.update(jnp.array([g]), state, w)
+    ...   w = w + u
+    ...   print(state.server.item(), w.item())
+    -1.0 0.0
+    -11.0 0.0
+    -111.0 -1.0
+    -1111.0 -11.0
+
   References:
     Survey 004 §2.3, Fig. 2.
   """

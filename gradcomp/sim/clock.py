@@ -178,6 +178,20 @@ def simulate_rounds(
   Returns:
     float64 array of shape ``(steps + 1,)``: ``[0]`` is 0; ``inf`` from the
     first barrier after a failure.
+
+  Examples:
+    Local SGD with a round every 2 steps: 1 s of compute per step, and the
+    round's 1 GB all-reduce takes 1 s on 2 workers at 8 Gbit/s. Worker 1
+    failing in step 3 stalls the run at the next barrier.
+
+    >>> from gradcomp.sim import Cluster, Failure, simulate_rounds
+    >>> c = Cluster(2, bandwidth_gbps=8.0, latency_us=0.0, flops_per_second=1.0)
+    >>> every_2 = lambda step: step % 2 == 0
+    >>> simulate_rounds(c, 1.0, every_2, {"all-reduce": 1e9}, 4).round(6).tolist()
+    [0.0, 1.0, 3.0, 4.0, 6.0]
+    >>> c = Cluster(2, 8.0, 0.0, flops_per_second=1.0, events=(Failure(1, step=3),))
+    >>> simulate_rounds(c, 1.0, every_2, {"all-reduce": 1e9}, 4).round(6).tolist()
+    [0.0, 1.0, 3.0, 4.0, inf]
   """
   clock = SimClock(cluster, flops_per_step)
   exchange = float(
@@ -213,6 +227,19 @@ def synchronous_step_seconds(
 
   Returns:
     Seconds.
+
+  Examples:
+    2 FLOPs at 1 FLOP/s, then a 1 GB all-reduce that takes 1 s on 2 workers
+    at 8 Gbit/s; a half-speed worker makes everyone wait 4 s, not 2.
+
+    >>> from gradcomp.sim import Cluster, synchronous_step_seconds
+    >>> wire = {"all-reduce": (1e9, 1)}
+    >>> fast = Cluster(2, 8.0, 0.0, flops_per_second=1.0)
+    >>> round(synchronous_step_seconds(fast, 2.0, 1, wire), 6)
+    3.0
+    >>> slow = Cluster(2, 8.0, 0.0, speeds=(1.0, 0.5), flops_per_second=1.0)
+    >>> round(synchronous_step_seconds(slow, 2.0, 1, wire), 6)
+    5.0
   """
   flops = _check_positive("flops_per_step", flops_per_step)
   compute = cluster.compute_seconds(flops, step).max()
@@ -244,6 +271,22 @@ def local_sgd_round_seconds(
 
   Returns:
     Seconds.
+
+  Examples:
+    Worker 1 runs 3 times slower in step 2 of a 4-step round (1 s per step,
+    a 1 s exchange): it finishes at ``1 + 3 + 1 + 1 = 6`` s and the round
+    ends at 7 s, where synchronous SGD waits for it and exchanges every step:
+    ``(1 + 3 + 1 + 1) + 4 * 1 = 10`` s.
+
+    >>> from gradcomp.sim import Cluster, Slowdown
+    >>> from gradcomp.sim import local_sgd_round_seconds, synchronous_step_seconds
+    >>> slow = Slowdown(worker=1, factor=3.0, start=2, stop=3)
+    >>> c = Cluster(2, 8.0, 0.0, flops_per_second=1.0, events=(slow,))
+    >>> wire = {"all-reduce": (1e9, 1)}  # 1 s on 2 workers at 8 Gbit/s
+    >>> round(local_sgd_round_seconds(c, 1.0, 1, 4, wire), 6)
+    7.0
+    >>> round(sum(synchronous_step_seconds(c, 1.0, s, wire) for s in range(1, 5)), 6)
+    10.0
   """
   flops = _check_positive("flops_per_step", flops_per_step)
   _check_step(first_step)
@@ -307,6 +350,15 @@ def forward_flops_per_sample(module, sample) -> float:
 
   Returns:
     FLOPs per sample.
+
+  Examples:
+    >>> import flax.linen as nn
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> from gradcomp.sim import forward_flops_per_sample
+    >>> sample = jax.ShapeDtypeStruct((1, 784), jnp.float32)
+    >>> forward_flops_per_sample(nn.Dense(10), sample)  # 2 * 784 * 10 + 10
+    15690.0
   """
   from gradcomp.models import shapes  # JAX only when needed.
 

@@ -138,6 +138,15 @@ class Slowdown:
     start: first training step slowed (1-based, inclusive), >= 1.
     stop: first step no longer slowed (exclusive), > ``start``; ``None`` for
       the rest of the run.
+
+  Examples:
+    >>> from gradcomp.sim import Cluster, Slowdown
+    >>> slow = Slowdown(worker=1, factor=4.0, start=2, stop=3)  # step 2 only
+    >>> c = Cluster(2, flops_per_second=1.0, events=(slow,))
+    >>> [c.speeds_at(s).tolist() for s in (1, 2, 3)]
+    [[1.0, 1.0], [1.0, 0.25], [1.0, 1.0]]
+    >>> c.compute_seconds(2.0, step=2).tolist()  # 2 FLOPs at 1 / 4 FLOP/s
+    [2.0, 8.0]
   """
 
   worker: int
@@ -178,6 +187,14 @@ class Failure:
   Attributes:
     worker: the worker's index, in ``[0, workers)`` of the cluster.
     step: the first training step it does not finish (1-based), >= 1.
+
+  Examples:
+    >>> from gradcomp.sim import Cluster, Failure, synchronous_step_seconds
+    >>> c = Cluster(2, flops_per_second=1.0, events=(Failure(worker=0, step=3),))
+    >>> c.compute_seconds(2.0, step=2).tolist(), c.compute_seconds(2.0, step=3).tolist()
+    ([2.0, 2.0], [inf, 2.0])
+    >>> synchronous_step_seconds(c, 2.0, 3, {})  # the barrier waits forever
+    inf
   """
 
   worker: int
@@ -226,6 +243,21 @@ class Cluster:
       finite and > 0 (default :data:`DEFAULT_INTRA_BANDWIDTH_GBPS`).
     intra_latency_us: its start-up latency per message, microseconds, finite
       and >= 0 (default :data:`DEFAULT_INTRA_LATENCY_US`).
+
+  Examples:
+    A ring all-reduce of 1 MB on 4 workers at 8 Gbit/s (1 ns per byte) and
+    10 us per message: ``2 (n-1) alpha + 2 (n-1) / n * B / bw = 60 us + 1.5
+    ms``; one parameter server: ``2 alpha + 2 n B / bw = 20 us + 8 ms``.
+
+    >>> from gradcomp.sim import Cluster
+    >>> ring = Cluster(4, bandwidth_gbps=8.0, latency_us=10.0)
+    >>> round(float(ring.comm_seconds({"all-reduce": (1e6, 1)})), 6)
+    0.00156
+    >>> ps = Cluster(4, 8.0, 10.0, topology="parameter_server")
+    >>> round(float(ps.comm_seconds({"all-reduce": (1e6, 1)})), 6)
+    0.00802
+    >>> Cluster(2, speeds=(1.0, 0.5), flops_per_second=1e12).compute_seconds(2e12, 1)
+    array([2., 4.])
   """
 
   workers: int

@@ -248,6 +248,19 @@ def steady_step_seconds(
   Returns:
     Seconds per step.
 
+  Examples:
+    With ``tau = 1``, ``phi = 3`` and ``delta + psi = 0.75``, CD-SGD's
+    ``k = 2`` period costs ``(max(1, 0.75) + max(1, 3)) / 2 = 2``; S-SGD
+    ``1 + 3``, BIT-SGD ``1 + 0.75``, OD-SGD ``max(1, 3)``.
+
+    >>> from gradcomp.sim import steady_step_seconds
+    >>> times = dict(tau=1.0, phi=3.0, psi=0.5, delta=0.25)
+    >>> methods = ("ssgd", "bitsgd", "odsgd", "cdsgd")
+    >>> [steady_step_seconds(m, **times, k=2) for m in methods]
+    [4.0, 1.75, 3.0, 2.0]
+    >>> steady_step_seconds("cdsgd", **{**times, "tau": 4.0}, k=2)  # compute-bound
+    4.0
+
   References:
     Paper 001 §3.3 (eqs. 6-7 and conclusion ②).
   """
@@ -305,6 +318,18 @@ def saving_over_local_update(
   Returns:
     Seconds saved per step.
 
+  Examples:
+    With ``tau = 1``, ``phi = 3``, ``delta + psi = 0.75``: OD-SGD's step is
+    ``max(1, 3) = 3``; CD-SGD's is ``max(1, 0.75) = 1`` under a compressed
+    message (saving ``phi - tau = 2``) and 3 under a full one (saving 0).
+
+    >>> from gradcomp.sim import saving_over_local_update
+    >>> times = dict(tau=1.0, phi=3.0, psi=0.5, delta=0.25)
+    >>> saving_over_local_update(**times, full_precision=False)
+    2.0
+    >>> saving_over_local_update(**times, full_precision=True)
+    0.0
+
   References:
     Paper 001 §3.3, eq. 8.
   """
@@ -341,6 +366,18 @@ def saving_over_bitsgd(
 
   Returns:
     Seconds saved per step (negative: CD-SGD's step is longer).
+
+  Examples:
+    With ``tau = 1``, ``phi = 3``, ``delta + psi = 0.75``: BIT-SGD's step is
+    ``1 + 0.75 = 1.75``; CD-SGD's is 1 under a compressed message (saving
+    ``delta + psi``) and ``max(1, 3) = 3`` under a full one (saving -1.25).
+
+    >>> from gradcomp.sim import saving_over_bitsgd
+    >>> times = dict(tau=1.0, phi=3.0, psi=0.5, delta=0.25)
+    >>> saving_over_bitsgd(**times, full_precision=False)
+    0.75
+    >>> saving_over_bitsgd(**times, full_precision=True)
+    -1.25
 
   References:
     Paper 001 §3.3, eq. 9.

@@ -59,6 +59,22 @@ class EpochTimes(NamedTuple):
       in the epoch (its samples only; ``inf`` for a failed worker with work).
     overhead: ``(workers,)`` float64, each worker's seconds of
       ``overhead_flops``.
+
+  Examples:
+    Worker 0 (speed 1) spends 1 s of overhead, then 2 samples per step;
+    worker 1 (speed 0.5) processes 1 sample in step 1 and is masked in
+    step 2. Each pays 0.5 s of sends per step with samples; the barrier at
+    the end brings both clocks to worker 0's ``1 + 2 * (2 + 0.5) = 6`` s.
+
+    >>> from gradcomp.sim import Cluster, simulate_masked_epoch
+    >>> c = Cluster(2, speeds=(1.0, 0.5), flops_per_second=1.0)
+    >>> samples = [[2, 1], [2, 0]]  # (steps, workers)
+    >>> e = simulate_masked_epoch(c, [0.0, 0.0], 1, samples, flops_per_sample=1.0,
+    ...                           overhead_flops=[1.0, 0.0], step_seconds=0.5)
+    >>> e.seconds.tolist(), e.times.tolist()
+    ([3.5, 6.0], [6.0, 6.0])
+    >>> e.compute.tolist(), e.overhead.tolist()
+    ([4.0, 2.0], [1.0, 0.0])
   """
 
   seconds: np.ndarray
