@@ -188,11 +188,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.cluster = cluster()
 
   config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.name = "sgd"  # sgd | adamw (train/optimizer.py)
   config.optimizer.learning_rate = 0.1
-  config.optimizer.momentum = 0.9
-  config.optimizer.nesterov = False
-  config.optimizer.weight_decay = 0.0
-  config.optimizer.schedule = "constant"  # constant | cosine
+  config.optimizer.momentum = 0.9  # sgd
+  config.optimizer.nesterov = False  # sgd
+  config.optimizer.b1 = 0.9  # adamw
+  config.optimizer.b2 = 0.999  # adamw
+  config.optimizer.eps = 1e-8  # adamw
+  config.optimizer.weight_decay = 0.0  # adamw: not on norms and biases
+  config.optimizer.schedule = "constant"  # constant | cosine | warmup_cosine
+  config.optimizer.warmup_steps = 0  # warmup_cosine
+  config.optimizer.min_learning_rate_ratio = 0.0  # warmup_cosine: final / peak
+  # Clip the exchanged gradient's global norm (None: no clipping).
+  config.optimizer.clip_norm = config_dict.placeholder(float)
 
   config.step = "shard_map"  # shard_map | pmap (train/step.py)
   # Workers: the first config.workers devices (one process), or all if unset.

@@ -192,6 +192,8 @@ def test_forward_flops_lstm_closed_form():
     ("lstm_ptb", {}),
     ("lstm_ptb", {"vocab": 100, "hidden": 16, "embed": 12, "layers": 3}),
     ("lstm_ptb", {"layers": 1}),
+    ("gpt2_small", {}),
+    ("gpt2_small", {"vocab_size": 256}),
   ],
 )
 def test_forward_flops_aligned_with_shapes(model, kwargs):
@@ -212,7 +214,13 @@ def test_forward_flops_aligned_with_shapes(model, kwargs):
 def test_forward_flops_unknown_model():
   with pytest.raises(ValueError, match="lstm_ptb.*resnet20.*resnet50.*vgg16"):
     shapes.forward_flops("alexnet")
-  assert set(shapes.MODELS) == {"resnet50", "resnet20", "vgg16", "lstm_ptb"}
+  assert set(shapes.MODELS) == {
+    "resnet50",
+    "resnet20",
+    "vgg16",
+    "lstm_ptb",
+    "gpt2_small",
+  }
 
 
 def test_input_geometry_constants():

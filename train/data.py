@@ -1,10 +1,12 @@
 """Datasets of the training program and their deterministic, sharded batches.
 
-Four datasets (DESIGN §3): scikit-learn's bundled ``digits`` (the default
-config), and the papers' ``cifar10``, ``imagenet`` and ``ptb`` read from the
-standard on-disk layouts under a ``data_dir``. A missing dataset raises
-``DatasetNotFoundError`` naming the expected files and the directory looked in;
-``synthetic=True`` gives random data of the same shapes for speed runs.
+Five datasets (DESIGN §3): scikit-learn's bundled ``digits`` (the default
+config), the papers' ``cifar10``, ``imagenet`` and ``ptb`` read from the
+standard on-disk layouts under a ``data_dir``, and byte-level ``text``
+(``train/text.py``: the Python standard library's source, or a user's text).
+A missing dataset raises ``DatasetNotFoundError`` naming the expected files
+and the directory looked in; ``synthetic=True`` gives random data of the same
+shapes for speed runs.
 
 Every dataset is a ``Dataset`` of host-memory arrays, and ``batches`` walks it in
 an order fixed by ``(seed, epoch)`` alone: the global batch of a step is the same
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-NAMES = ("digits", "cifar10", "imagenet", "ptb")
+NAMES = ("digits", "cifar10", "imagenet", "ptb", "text")
 
 # Per-channel statistics of the training sets (RGB, on [0, 1] pixels).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -62,8 +64,10 @@ class Dataset:
 
   Images are float32 NHWC, normalised; labels int32. For ``ptb`` each row of
   ``x`` is a window of ``seq_len`` token ids and the same row of ``y`` the next
-  tokens (see ``load_ptb``). For ``imagenet`` the images are an ``ImageFiles``,
-  which indexes like an array but decodes only the rows asked for.
+  tokens (see ``load_ptb``); for ``text`` likewise of ``context`` bytes (see
+  ``text.load_text``). For ``imagenet`` the images are an ``ImageFiles``,
+  and the ``text`` train windows a ``text.ByteWindows``: they index like an
+  array but build only the rows asked for.
 
   Attributes:
     name: one of ``NAMES``.
@@ -71,9 +75,13 @@ class Dataset:
     y_train: int32 targets, shape ``(n_train,)`` or ``(n_train, seq_len)``.
     x_test: inputs, shape ``(n_test, ...)``.
     y_test: int32 targets, shape ``(n_test,)`` or ``(n_test, seq_len)``.
-    num_classes: number of classes (the vocabulary size for ``ptb``).
-    vocab_size: the vocabulary size for ``ptb``, else ``None``.
+    num_classes: number of classes (the vocabulary size for ``ptb`` and
+      ``text``).
+    vocab_size: the vocabulary size for ``ptb`` and ``text``, else ``None``.
     vocab: the words of the ``ptb`` vocabulary in id order, else ``None``.
+    sha256: hex SHA-256 identifying a ``text`` corpus
+      (``text.corpus_sha256``), else ``None``.
+    description: what was read and its sizes (``text``), else ``None``.
   """
 
   name: str
@@ -84,6 +92,8 @@ class Dataset:
   num_classes: int
   vocab_size: int | None = None
   vocab: tuple[str, ...] | None = None
+  sha256: str | None = None
+  description: str | None = None
 
   @property
   def input_shape(self) -> tuple[int, ...]:
@@ -107,11 +117,13 @@ def load(
   Args:
     name: one of ``NAMES``.
     data_dir: directory holding the dataset; not used by ``digits`` nor by
-      synthetic data.
+      synthetic data. For ``text`` it is the ``path`` of the user's text when
+      ``path`` is not given; neither gives the standard library's source.
     synthetic: return ``synthetic_like(name, seed=seed, **kwargs)`` instead.
     seed: seed of the synthetic data (real data does not depend on it).
     **kwargs: passed to the loader: ``image_size`` for ``imagenet``,
-      ``seq_len`` and ``num_streams`` for ``ptb``.
+      ``seq_len`` and ``num_streams`` for ``ptb``, ``path``, ``context``,
+      ``stride`` and ``max_eval_windows`` for ``text`` (``text.load_text``).
 
   Returns:
     A ``Dataset``.
@@ -125,6 +137,11 @@ def load(
     return synthetic_like(name, seed=seed, **kwargs)
   if name == "digits":
     return load_digits(**kwargs)
+  if name == "text":
+    from train import text  # Imported on use: text imports this module.
+
+    path = kwargs.pop("path", None)
+    return text.load_text(data_dir if path is None else path, **kwargs)
   if data_dir is None:
     raise ValueError(
       f"dataset {name!r} reads its files from a data_dir, and none was given; "
@@ -465,6 +482,7 @@ _SYNTHETIC_SIZES = {  # (n_train, n_test): small, so speed runs start at once.
   "cifar10": (1024, 256),
   "imagenet": (128, 32),
   "ptb": (1024, 256),
+  "text": (1024, 256),
 }
 
 
@@ -478,12 +496,16 @@ def synthetic_like(
   seq_len: int = 35,
   num_streams: int = 20,
   vocab_size: int = 10000,
+  context: int = 128,
+  path: Any = None,
 ) -> Dataset:
   """Random data with the shapes, dtypes and classes of dataset ``name``.
 
   Images are standard normal (as if normalised; digits uniform on [0, 1]) with
   uniform labels; ``ptb`` is a uniform token stream windowed like
-  ``load_ptb``, so the targets are the inputs shifted by one.
+  ``load_ptb``, so the targets are the inputs shifted by one; ``text`` is a
+  uniform byte stream cut into consecutive windows of ``context`` bytes, the
+  targets again shifted by one.
 
   Args:
     name: one of ``NAMES``.
@@ -494,6 +516,8 @@ def synthetic_like(
     seq_len: window length for ``ptb``.
     num_streams: streams for ``ptb``.
     vocab_size: vocabulary size for ``ptb``.
+    context: window length for ``text``.
+    path: ignored (``text``'s corpus), so a config's dataset fields fit both.
 
   Returns:
     A ``Dataset``.
@@ -503,6 +527,24 @@ def synthetic_like(
   n_train = default_train if num_train is None else num_train
   n_test = default_test if num_test is None else num_test
   rng = np.random.default_rng(seed)
+  del path  # Synthetic data reads nothing.
+  if name == "text":
+
+    def byte_windows(n):
+      stream = rng.integers(0, 256, n * context + 1, np.int32)
+      return _windows(batchify(stream, 1), context)
+
+    (x_train, y_train), (x_test, y_test) = byte_windows(n_train), byte_windows(n_test)
+    return Dataset(
+      "text",
+      x_train,
+      y_train,
+      x_test,
+      y_test,
+      256,
+      vocab_size=256,
+      description="synthetic: uniform random bytes",
+    )
   if name == "ptb":
 
     def split(n):

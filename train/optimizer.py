@@ -1,13 +1,14 @@
-"""The optimizer of a config: compressor, LayerFusion plan, SGD, scheme, non-finite guard.
+"""The optimizer of a config: compressor, LayerFusion plan, SGD or AdamW, scheme, guard.
 
 Synchronous training (``config.scheme.name="none"``) is DESIGN §1's usage::
 
-  apply_if_finite(chain(layerfusion(compressor, plan), [weight decay], sgd))
+  apply_if_finite(chain(layerfusion(compressor, plan), [clip], [weight decay], sgd))
+  apply_if_finite(chain(layerfusion(compressor, plan), [clip], adamw))
 
 A scheme (DESIGN §5) wraps the local optimizer and, where it exchanges a
 compressible tensor (local SGD's pseudo-gradients), the compressor::
 
-  apply_if_finite(local_sgd(chain([weight decay], sgd), every,
+  apply_if_finite(local_sgd(chain([clip], [weight decay], sgd), every,
                             compressor=layerfusion(compressor, plan), ...))
 
 The compressor is chosen by name from gradcomp's registry (STYLE 10); its
@@ -171,15 +172,89 @@ def fusion_plan(
 
 
 def learning_rate(cfg, total_steps: int) -> optax.ScalarOrSchedule:
-  """``cfg.learning_rate`` constant, or cosine-decayed over the run."""
+  """``cfg.learning_rate``: constant, cosine-decayed, or warmed up then cosine-decayed.
+
+  ``warmup_cosine`` rises linearly from 0 over ``cfg.warmup_steps`` and decays
+  to ``cfg.min_learning_rate_ratio`` of the peak by the run's last step
+  (``optax.warmup_cosine_decay_schedule``).
+  """
   if cfg.schedule == "constant":
     return cfg.learning_rate
   if cfg.schedule == "cosine":
     return optax.cosine_decay_schedule(cfg.learning_rate, max(total_steps, 1))
+  if cfg.schedule == "warmup_cosine":
+    warmup = int(cfg.get("warmup_steps") or 0)
+    if not 0 <= warmup < max(total_steps, 1):
+      raise ValueError(
+        f"config.optimizer.warmup_steps must be in [0, {max(total_steps, 1)}) "
+        f"(the run's steps), got {warmup}"
+      )
+    return optax.warmup_cosine_decay_schedule(
+      0.0,
+      cfg.learning_rate,
+      warmup,
+      max(total_steps, 1),
+      end_value=cfg.learning_rate * cfg.get("min_learning_rate_ratio", 0.0),
+    )
   raise ValueError(
     f"unknown schedule {cfg.schedule!r} (config.optimizer.schedule); valid: "
-    "constant, cosine"
+    "constant, cosine, warmup_cosine"
   )
+
+
+#: The worker's optimizer by ``config.optimizer.name``.
+OPTIMIZERS = ("sgd", "adamw")
+
+
+def decay_mask(params):
+  """Weight decay on matrices and embeddings only, not on norms and biases.
+
+  GPT-2's and nanoGPT's rule: a leaf of rank >= 2 is decayed; LayerNorm
+  scales and offsets and every bias (rank 1) are not.
+  """
+  return jax.tree.map(lambda p: np.ndim(p) >= 2, params)
+
+
+def local_optimizer(cfg, total_steps: int) -> list[optax.GradientTransformation]:
+  """The chain after the exchange: [clipping], then SGD (+ weight decay) or AdamW.
+
+  ``cfg.clip_norm`` clips the global norm of the exchanged (mean) gradient.
+  ``sgd`` adds ``cfg.weight_decay * params`` to every leaf, then SGD with
+  momentum; ``adamw`` is ``optax.adamw`` with decoupled weight decay masked by
+  :func:`decay_mask` (Loshchilov & Hutter 2019).
+
+  Raises:
+    ValueError: an unknown ``cfg.name`` or schedule, or a non-positive clip norm.
+  """
+  name = cfg.get("name", "sgd")
+  parts = []
+  clip = cfg.get("clip_norm")
+  if clip is not None:
+    if not clip > 0:
+      raise ValueError(f"config.optimizer.clip_norm must be > 0 or None, got {clip}")
+    parts.append(optax.clip_by_global_norm(clip))
+  lr = learning_rate(cfg, total_steps)
+  if name == "sgd":
+    if cfg.weight_decay:
+      parts.append(optax.add_decayed_weights(cfg.weight_decay))
+    parts.append(optax.sgd(lr, momentum=cfg.momentum, nesterov=cfg.nesterov))
+  elif name == "adamw":
+    parts.append(
+      optax.adamw(
+        lr,
+        b1=cfg.get("b1", 0.9),
+        b2=cfg.get("b2", 0.999),
+        eps=cfg.get("eps", 1e-8),
+        weight_decay=cfg.weight_decay,
+        mask=decay_mask,
+      )
+    )
+  else:
+    raise ValueError(
+      f"unknown optimizer {name!r} (config.optimizer.name); valid: "
+      f"{', '.join(OPTIMIZERS)}"
+    )
+  return parts
 
 
 #: Training schemes by ``config.scheme.name`` (DESIGN §5); ``none`` is
@@ -353,15 +428,7 @@ def create(
     inner = gradcomp.layerfusion(inner, plan)
   if mask is not None:
     inner = optax.masked(inner, mask)
-  opt = config.optimizer
-  parts = []
-  if opt.weight_decay:
-    parts.append(optax.add_decayed_weights(opt.weight_decay))
-  parts.append(
-    optax.sgd(
-      learning_rate(opt, total_steps), momentum=opt.momentum, nesterov=opt.nesterov
-    )
-  )
+  parts = local_optimizer(config.optimizer, total_steps)
   if scheme_name(config) == "none":
     tx = optax.chain(inner, *parts)
   elif scheme_name(config) in ("gossip", "async_ps"):

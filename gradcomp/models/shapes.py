@@ -1,11 +1,11 @@
 """Parameter shapes, forward order and forward FLOPs, derived from the flax models.
 
 The papers' models (paper 000 §5, Table 3: ResNet-20 and VGG-16 on CIFAR-10,
-ResNet-50 on ImageNet, a 2-layer LSTM on PTB) are defined once, in flax, in
-:mod:`gradcomp.models.zoo`; the training program trains those modules. The
-benchmarks and the cost model need only the gradients' shapes and the compute
-behind each, so this module reads them off the same modules, without running
-them:
+ResNet-50 on ImageNet, a 2-layer LSTM on PTB) and GPT-2 small (DESIGN §8) are
+defined once, in flax, in :mod:`gradcomp.models.zoo`; the training program
+trains those modules. The benchmarks and the cost model need only the
+gradients' shapes and the compute behind each, so this module reads them off
+the same modules, without running them:
 
 * **Shapes** from ``jax.eval_shape(model.init, ...)``: the ``params``
   collection only, so BatchNorm contributes its scale and bias, never its
@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
-from gradcomp.models import zoo
+from gradcomp.models import transformer, zoo
 
 Shape = tuple[int, ...]
 ShapeList = list[tuple[str, Shape]]
@@ -53,6 +53,7 @@ RESNET50_NUM_PARAMS = 25_557_032  # torchvision resnet50, 161 tensors
 RESNET20_NUM_PARAMS = 269_722  # ~0.27M, He et al. 2016 §4.2 quote "0.27M"
 VGG16_NUM_PARAMS = 14_728_266  # CIFAR VGG-16 with conv bias + BN, Linear(512, 10)
 LSTM_PTB_NUM_PARAMS = 19_780_400  # 2x650 LSTM, vocab 10k, untied decoder
+GPT2_SMALL_NUM_PARAMS = 124_439_808  # GPT-2 small, BPE vocab, tied embeddings
 
 
 #: Input geometry behind :func:`forward_flops`: ImageNet crops for ResNet-50, CIFAR
@@ -60,6 +61,9 @@ LSTM_PTB_NUM_PARAMS = 19_780_400  # 2x650 LSTM, vocab 10k, untied decoder
 IMAGENET_INPUT_SIZE = 224
 CIFAR_INPUT_SIZE = 32
 PTB_SEQ_LEN = 35
+
+#: GPT-2's BPE vocabulary (Radford et al. 2019, §2.2).
+GPT2_VOCAB_SIZE = 50_257
 
 
 class Tensor(typing.NamedTuple):
@@ -287,6 +291,16 @@ _LSTM_DEFAULTS = {
 }
 
 
+#: ``gpt2_small``'s arguments: GPT-2's vocabulary, sequences of its full context.
+_GPT2_DEFAULTS = {
+  "vocab_size": GPT2_VOCAB_SIZE,
+  "seq_len": transformer.SIZES["gpt2_small"]["context"],
+}
+
+#: The transformer's sizes, by their names in the zoo.
+_GPT_SIZES = {"gpt_tiny": "tiny", "gpt_small": "small", "gpt2_small": "gpt2_small"}
+
+
 def _image(size: int) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)
 
@@ -302,6 +316,9 @@ def _derived(model: str, kwargs: tuple[tuple[str, int], ...]) -> tuple[Tensor, .
   seq_len = kw.pop("seq_len")
   if seq_len < 1:
     raise ValueError(f"seq_len must be positive, got {seq_len}")
+  if model in _GPT_SIZES:  # Sequences longer than the context raise in the model.
+    gpt = zoo.create(model, kw.pop("vocab_size"))
+    return derive(gpt, jax.ShapeDtypeStruct((1, seq_len), jnp.int32))
   lstm = zoo.create("lstm", kw.pop("vocab"), **kw)
   return derive(lstm, jax.ShapeDtypeStruct((1, seq_len), jnp.int32))
 
@@ -309,7 +326,7 @@ def _derived(model: str, kwargs: tuple[tuple[str, int], ...]) -> tuple[Tensor, .
 def _tensors(model: str, **kwargs) -> tuple[Tensor, ...]:
   if model not in MODELS:
     raise ValueError(f"unknown model {model!r}; valid models: {sorted(MODELS)}")
-  defaults = _LSTM_DEFAULTS if model == "lstm_ptb" else {}
+  defaults = {"lstm_ptb": _LSTM_DEFAULTS, "gpt2_small": _GPT2_DEFAULTS}.get(model, {})
   unknown = set(kwargs) - set(defaults)
   if unknown:
     raise TypeError(f"unexpected arguments for {model!r}: {sorted(unknown)}")
@@ -403,11 +420,59 @@ def lstm_ptb_shapes(
   )
 
 
+def gpt_shapes(name: str, vocab_size: int) -> ShapeList:
+  """A size of the zoo's decoder-only transformer: ``zoo.create(name, vocab_size)``.
+
+  Args:
+    name: ``"gpt_tiny"``, ``"gpt_small"`` or ``"gpt2_small"``
+      (``transformer.SIZES``' ``"tiny"``, ``"small"``, ``"gpt2_small"``).
+    vocab_size: the vocabulary (256 for bytes, :data:`GPT2_VOCAB_SIZE` for GPT-2).
+
+  Returns:
+    ``4 + 12 * num_layers`` ``(name, shape)`` pairs in forward order: ``wte``,
+    ``wpe``, per block ``h_{i}/ln_1``, ``attn/c_attn``, ``attn/c_proj``,
+    ``ln_2``, ``mlp/c_fc``, ``mlp/c_proj`` (a kernel or scale, then a bias,
+    each), ``ln_f``. The logits reuse ``wte``: there is no output head.
+
+  Raises:
+    ValueError: for another ``name``.
+  """
+  if name not in _GPT_SIZES:
+    raise ValueError(f"unknown transformer {name!r}; valid: {sorted(_GPT_SIZES)}")
+  context = transformer.SIZES[_GPT_SIZES[name]]["context"]
+  kwargs = (("seq_len", context), ("vocab_size", vocab_size))
+  return _pairs(_derived(name, kwargs))
+
+
+def gpt2_small_shapes(vocab_size: int = GPT2_VOCAB_SIZE) -> ShapeList:
+  """GPT-2 small: ``zoo.create("gpt2_small", vocab_size)``, ``transformer.GPT``.
+
+  12 pre-LayerNorm blocks of width 768 (12 heads, MLP 3072), context 1024,
+  logits tied to the token embedding ``wte (vocab_size, 768)``; a fused QKV
+  ``attn/c_attn (768, 2304)``. See :func:`gpt_shapes` for the order.
+
+  Args:
+    vocab_size: the vocabulary, GPT-2's BPE by default.
+
+  Returns:
+    148 ``(name, shape)`` pairs in forward order; 124,439,808 parameters with
+    the default vocabulary (GPT-2 small's "124M", counted with tied
+    embeddings), ``vocab_size * 768 + 85,841,664`` in general.
+
+  References:
+    Radford et al., *Language Models are Unsupervised Multitask Learners*, 2019,
+    §2.3 (its Table 2 lists this model as 117M; the released model has
+    124,439,808 parameters).
+  """
+  return gpt_shapes("gpt2_small", vocab_size)
+
+
 MODELS = {
   "resnet50": resnet50_shapes,
   "resnet20": resnet20_shapes,
   "vgg16": vgg16_shapes,
   "lstm_ptb": lstm_ptb_shapes,
+  "gpt2_small": gpt2_small_shapes,
 }
 
 
@@ -432,26 +497,38 @@ def forward_flops(model: str, **kwargs) -> list[float]:
     each bias ``4h * seq_len``, embedding ``embed * seq_len`` (a gather: one op per
     output element), decoder kernel ``2 * h * vocab * seq_len``, decoder bias
     ``vocab * seq_len``.
+  * Transformer (``gpt2_small``), per sample of ``seq_len`` tokens (a sequence;
+    everything runs once per token): ``wte`` ``2 * d * vocab * seq_len`` (the
+    tied logits) plus ``d * seq_len`` (the gather), ``wpe`` ``d * seq_len``
+    (its add), each Dense kernel ``2 * din * dout * seq_len``, each bias and
+    LayerNorm scale / bias its size times ``seq_len``. Attention's two
+    ``seq_len x seq_len`` products per head (``q k^T`` and the weighted sum of
+    ``v``, ``4 * d * seq_len^2`` per layer, the causal mask applied to the full
+    square) combine activations only, so they are attributed to no tensor.
 
   Input geometry: ResNet-50 on :data:`IMAGENET_INPUT_SIZE` (torchvision v1.5: 7x7
   stride-2 stem to 112, max-pool to 56, stages at 56 / 28 / 14 / 7 with the stride
   on conv2 of each stage's first block and on its downsample conv); ResNet-20 on
   :data:`CIFAR_INPUT_SIZE` (32 / 16 / 8, first conv of stages 2 and 3 strided);
   VGG-16 on :data:`CIFAR_INPUT_SIZE` (convs at 32, 32 | 16, 16 | 8, 8, 8 | 4, 4, 4 |
-  2, 2, 2); classifiers act on the pooled 1x1 features. Activations, pooling,
+  2, 2, 2); classifiers act on the pooled 1x1 features; GPT-2 small on sequences
+  of its context, 1024 tokens (per token: divide by ``seq_len``). Activations,
+  pooling,
   residual adds (and option-A shortcuts), BatchNorm's centring and the LSTM's gate
   nonlinearities and elementwise products are attributed to no tensor.
 
   Args:
     model: a key of :data:`MODELS`.
     **kwargs: those of the model's ``MODELS`` function; ``"lstm_ptb"`` takes those
-      of :func:`lstm_ptb_shapes` plus ``seq_len`` (default :data:`PTB_SEQ_LEN`).
+      of :func:`lstm_ptb_shapes` plus ``seq_len`` (default :data:`PTB_SEQ_LEN`),
+      ``"gpt2_small"`` ``vocab_size`` and ``seq_len`` (default the context, 1024).
 
   Returns:
     One FLOP count per parameter tensor, in the order of ``MODELS[model](**kwargs)``.
 
   Raises:
-    ValueError: if ``model`` is not a key of :data:`MODELS`, or ``seq_len < 1``.
+    ValueError: if ``model`` is not a key of :data:`MODELS`, or ``seq_len < 1``
+      (or, for ``gpt2_small``, longer than the context).
   """
   return [t.flops for t in _tensors(model, **kwargs)]
 

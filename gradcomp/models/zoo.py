@@ -2,10 +2,13 @@
 
 Small flax.linen models for the digits config, and the papers' architectures
 (paper 000 §5, Table 3): ResNet-20 and VGG-16 on CIFAR-10, ResNet-50 on
-ImageNet, a 2-layer LSTM on PTB. These are the only definitions of those
-networks: ``gradcomp.models.shapes`` derives the benchmarks' and the cost
-model's parameter shapes, order and FLOPs from them. Parameters are named like
-the reference (PyTorch) implementations' (``layer2/0/conv1/kernel``,
+ImageNet, a 2-layer LSTM on PTB; and a decoder-only transformer with GPT-2's
+architecture (:mod:`gradcomp.models.transformer`, DESIGN §8) in the sizes of
+its ``SIZES``: ``gpt_tiny``, ``gpt_small``, ``gpt2_small``, with the vocabulary
+as ``num_classes``. These are the only definitions of those networks:
+``gradcomp.models.shapes`` derives the benchmarks' and the cost model's
+parameter shapes, order and FLOPs from them. Parameters are named like the
+reference (PyTorch) implementations' (``layer2/0/conv1/kernel``,
 ``lstm0/kernel_ih``). Batch normalisation keeps its running statistics in the
 ``batch_stats`` collection; the step averages them over workers (synchronous
 BN statistics, so every worker evaluates the same model).
@@ -19,6 +22,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from gradcomp.models import transformer
 
 
 class MLP(nn.Module):
@@ -321,6 +326,21 @@ class LSTM(nn.Module):
     return decoder(h)
 
 
+def _gpt(size: str) -> Callable[..., nn.Module]:
+  """Builds ``transformer.GPT`` of ``SIZES[size]``; ``num_classes`` is the vocabulary.
+
+  Keyword arguments override the size's fields (``context=64``) or set others
+  (``dtype``).
+  """
+
+  def build(num_classes: int, **kwargs: Any) -> nn.Module:
+    return transformer.GPT(
+      vocab_size=num_classes, **{**transformer.SIZES[size], **kwargs}
+    )
+
+  return build
+
+
 MODELS: dict[str, Callable[..., nn.Module]] = {
   "mlp": MLP,
   "cnn": CNN,
@@ -328,6 +348,9 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
   "vgg16": VGG16,
   "resnet50": ResNet50,
   "lstm": LSTM,
+  "gpt_tiny": _gpt("tiny"),
+  "gpt_small": _gpt("small"),
+  "gpt2_small": _gpt("gpt2_small"),
 }
 
 
@@ -344,8 +367,10 @@ def create(name: str, num_classes: int, **kwargs: Any) -> nn.Module:
 
   Args:
     name: a key of ``MODELS``.
-    num_classes: outputs of the classifier (the vocabulary for ``lstm``).
-    **kwargs: the model's own fields, e.g. ``features`` for ``mlp``.
+    num_classes: outputs of the classifier (the vocabulary for ``lstm`` and the
+      ``gpt`` models).
+    **kwargs: the model's own fields, e.g. ``features`` for ``mlp``; for the
+      ``gpt`` models, overrides of their size (``context=64``).
 
   Raises:
     ValueError: for an unknown name (the message lists the valid ones).

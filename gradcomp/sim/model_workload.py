@@ -17,8 +17,15 @@ import math
 from gradcomp.models import shapes
 from gradcomp.sim.timeline import Workload
 
-#: Per-worker batch of paper 000 Table 3.
-BATCH_SIZES = {"resnet20": 128, "vgg16": 128, "resnet50": 128, "lstm_ptb": 32}
+#: Per-worker batch of paper 000 Table 3; for ``gpt2_small``, sequences of
+#: 1,024 tokens (8: nanoGPT's 12 x 1024 per GPU, rounded to a power of two).
+BATCH_SIZES = {
+  "resnet20": 128,
+  "vgg16": 128,
+  "resnet50": 128,
+  "lstm_ptb": 32,
+  "gpt2_small": 8,
+}
 #: Effective training throughput assumed for the compute time, TFLOP/s: about
 #: half a V100's 15.7 fp32 peak, the paper's GPUs (§5).
 DEFAULT_TFLOPS = 8.0
