@@ -96,6 +96,11 @@ class Dataset:
   description: str | None = None
 
   @property
+  def token(self) -> str | None:
+    """What one target of a language-model dataset is (``byte``, ``word``), else None."""
+    return {"text": "byte", "ptb": "word"}.get(self.name)
+
+  @property
   def input_shape(self) -> tuple[int, ...]:
     """Shape of one example, e.g. ``(32, 32, 3)``."""
     return tuple(self.x_train.shape[1:])

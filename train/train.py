@@ -163,8 +163,12 @@ def _write_sim_file(workdir: Path, **fields) -> None:
   (workdir / SIM_FILE).write_text(json.dumps(fields, indent=2) + "\n")
 
 
-def _write_run_files(workdir: Path, config, plan) -> None:
-  (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2) + "\n")
+def _write_run_files(workdir: Path, config, plan, ds: data_lib.Dataset) -> None:
+  """``config.json`` (with the corpus's identity, if it has one) and ``plan.json``."""
+  fields = json.loads(config.to_json_best_effort())
+  if ds.sha256 is not None:
+    fields["dataset_identity"] = {"sha256": ds.sha256, "description": ds.description}
+  (workdir / CONFIG_FILE).write_text(json.dumps(fields, indent=2) + "\n")
   if isinstance(plan, gradcomp.Plan):
     text = plan.to_json()
   else:  # None: no fusion.
@@ -284,7 +288,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     state = checkpoints.restore(start, like=state)
   start = int(state["step"])
   if lead:
-    _write_run_files(workdir, config, plan)
+    _write_run_files(workdir, config, plan, ds)
 
   train_step = step_lib.make_train_step(model, tx, layout, variant, step_factors)
   if layout.params_per_worker:  # The average model, and every worker's own.
@@ -356,7 +360,16 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   if factored is not None:
     progress.message(factored.summary())
 
+  if ds.description is not None:
+    progress.message(ds.description)
   window = {"losses": [], "accuracies": [], "t0": None, "s0": start}
+
+  def tokens_per_sec(samples_per_sec: float) -> dict[str, float]:
+    """Language models: target tokens (bytes, words) per second, beside samples."""
+    if ds.token is None:
+      return {}
+    return {"tokens_per_sec": samples_per_sec * math.prod(ds.y_train.shape[1:])}
+
   last: dict[str, Any] = {}
 
   def record(step: int, metrics) -> None:
@@ -390,6 +403,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       if window["accuracies"]
       else None,
       "samples_per_sec": steps_per_sec * batch_size,
+      **tokens_per_sec(steps_per_sec * batch_size),
       "wire_bytes_per_step": wire_bytes,
       "sim_seconds": sim_at(step),
       "l2_grads": m["l2_grads"],
@@ -466,6 +480,8 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
           variant,
         )
       )
+    if ds.token is not None:  # Language models: cross-entropy in bits per token.
+      last[f"eval_bits_per_{ds.token}"] = last["eval_loss"] / math.log(2)
     # The simulated time of the step, unless its training row carries it.
     logged = step % config.log_every_steps == 0 or step == num_steps
     extra = {} if logged else {"sim_seconds": sim_at(step)}
