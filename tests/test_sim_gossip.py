@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from gradcomp.parallel import topology
+from gradcomp import topology
 from gradcomp.sim import gossip
 from gradcomp.sim.clock import simulate_rounds
 from gradcomp.sim.cluster import Cluster, Failure, Slowdown

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from gradcomp.parallel import mixing, topology, wire
+from gradcomp import topology
+from gradcomp.parallel import mixing, wire
 from gradcomp.parallel.branches import varying_axes
 from gradcomp.topology import Edge, Phase, Topology
 
