@@ -1,7 +1,8 @@
 """``python -m train.plot WORKDIR [WORKDIR ...] [--out PATH.png]``: learning curves.
 
 Reads each workdir's ``metrics.jsonl`` and draws one 2x3 figure: training loss
-and eval accuracy, each against the step, against the seconds of training
+and eval accuracy (eval bits per byte for byte-level language models), each
+against the step, against the seconds of training
 (``logs.elapsed_seconds``: summed over resumes, compiles included) and against
 the simulated clock of the run's described cluster (``sim_seconds``, DESIGN
 §6: the model's FLOPs at the described speeds plus the priced exchanges, not
@@ -63,6 +64,10 @@ def plot(workdirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
   runs = [(d.resolve().name, _load(d)) for d in dirs]  # Every file before drawing.
   elapsed = [logs.elapsed_seconds(rows) for _, rows in runs]
   scale, unit = _time_unit(max((max(e, default=0.0) for e in elapsed), default=0.0))
+  # Byte-level language models are judged by bits per byte, not accuracy.
+  bpb = any(r.get("eval_bits_per_byte") is not None for _, rows in runs for r in rows)
+  metrics = ("loss", "eval_bits_per_byte" if bpb else "eval_accuracy")
+  labels = ("training loss", "eval bits per byte" if bpb else "eval accuracy")
 
   # A bare Figure on the Agg canvas: no pyplot, so no global figure state and
   # no GUI backend is ever chosen.
@@ -74,7 +79,7 @@ def plot(workdirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
     sim = {
       r["step"]: r["sim_seconds"] for r in rows if r.get("sim_seconds") is not None
     }
-    for row_axes, key in zip(axes, ("loss", "eval_accuracy"), strict=True):
+    for row_axes, key in zip(axes, metrics, strict=True):
       picked = [
         (r, t) for r, t in zip(rows, seconds, strict=True) if r.get(key) is not None
       ]
@@ -87,7 +92,7 @@ def plot(workdirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
       ]
       if simulated:
         row_axes[2].plot(*zip(*simulated, strict=True), **style)
-  for row_axes, ylabel in zip(axes, ("training loss", "eval accuracy"), strict=True):
+  for row_axes, ylabel in zip(axes, labels, strict=True):
     row_axes[0].set_xlabel("step")
     row_axes[1].set_xlabel(f"wall time ({unit} of training)")
     row_axes[2].set_xlabel("simulated seconds on the described cluster")
