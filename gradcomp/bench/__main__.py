@@ -19,6 +19,7 @@ Example::
   python -m gradcomp.bench collectives --bandwidth-gbps 10 --latency-us 25
   python -m gradcomp.bench predictor --repeats 3
   python -m gradcomp.bench edgegossip --seeds 3
+  python -m gradcomp.bench transformer --methods dense,topk,diloco --seeds 3
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradcomp.bench import async_ps, cdsgd, compress, gossip, schemes, sketch
+from gradcomp.bench import (
+  async_ps,
+  cdsgd,
+  compress,
+  gossip,
+  schemes,
+  sketch,
+  transformer,
+)
 from gradcomp.models import shapes
 
 
@@ -403,6 +412,34 @@ def _edgegossip(args: argparse.Namespace) -> None:
     raise SystemExit(f"python -m gradcomp.bench edgegossip: error: {e}") from None
 
 
+def _transformer(args: argparse.Namespace) -> None:
+  import jax
+  from absl import logging
+
+  labels = _methods("transformer", args.methods, transformer.METHODS)
+  for name in ("seeds", "steps", "eval_every"):
+    value = getattr(args, name)
+    if value is not None and value < 1:
+      flag = "--" + name.replace("_", "-")
+      raise SystemExit(
+        f"python -m gradcomp.bench transformer: error: {flag} must be >= 1, got {value}"
+      )
+  # Before any computation: virtual CPU devices must be configured first.
+  jax.config.update("jax_num_cpu_devices", transformer.WORKERS)
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
+  try:
+    transformer.run(
+      methods=[transformer.METHODS[x] for x in labels],
+      seeds=args.seeds,
+      steps=args.steps,
+      eval_every=args.eval_every,
+      target_bpb=args.target_bpb,
+      out_dir=args.out,
+    )
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench transformer: error: {e}") from None
+
+
 def _collectives(args: argparse.Namespace) -> None:
   from gradcomp.bench import collectives
 
@@ -674,6 +711,31 @@ def main(argv: Sequence[str] | None = None) -> None:
   eg.add_argument("--docs", action="store_true", help="write docs/edgegossip.png")
   eg.add_argument("--out", default="bench_out/", help="directory for edgegossip.*")
   eg.set_defaults(func=_edgegossip)
+  tf = suites.add_parser(
+    "transformer",
+    help="gpt_tiny on bytes of text: dense, top-k, PowerSGD, EF-signSGD, QSGD, "
+    "DiLoCo (dense, top-k), CD-SGD, CHOCO: bits per byte, bytes/step, "
+    "simulated time to a target on 16 workers at 10 Gbps, tokens/s",
+  )
+  tf.add_argument(
+    "--methods",
+    default=",".join(transformer.DEFAULT_METHODS),
+    help="comma-separated labels (default: all)",
+  )
+  tf.add_argument("--seeds", type=int, default=3, help="runs per method")
+  tf.add_argument(
+    "--steps", type=int, default=None, help="steps per run (default: the config's)"
+  )
+  tf.add_argument("--eval-every", type=int, default=100, help="eval interval")
+  tf.add_argument(
+    "--target-bpb",
+    type=float,
+    default=None,
+    help="bits per byte of the time to target (default: dense's mean final "
+    f"bpb + {transformer.TARGET_MARGIN:g})",
+  )
+  tf.add_argument("--out", default="bench_out/", help="directory for transformer.*")
+  tf.set_defaults(func=_transformer)
   args = parser.parse_args(argv)
   if args.suite in ("sizes", "wire"):
     from gradcomp.bench import sizes, wire_suite

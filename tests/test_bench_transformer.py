@@ -1,0 +1,90 @@
+"""The transformer suite end to end on a tiny budget (a benchmark, not a test of
+bits per byte), and its time to target on a hand-made curve."""
+
+import json
+
+import numpy as np
+import pytest
+
+from gradcomp.bench import __main__ as bench_main
+from gradcomp.bench import transformer
+
+STEPS, EVERY = 4, 2
+TINY = {
+  "dataset.context": 32,
+  "global_batch_size": 16,
+  "dataset.max_eval_windows": 32,
+  "optimizer.warmup_steps": 1,
+}
+
+
+def test_time_to_target_interpolates_the_first_crossing():
+  steps = [10, 20, 30, 40]
+  bpb = [4.0, 3.0, 2.0, 2.5]  # Crosses 2.5 between steps 20 and 30, then rises.
+  clock = np.concatenate([[0.0], np.cumsum(np.full(40, 0.5))])  # 0.5 s per step.
+  assert transformer.time_to_target(steps, bpb, clock, 2.5) == (25.0, 12.5)
+  # Reached at an eval exactly: that eval's step.
+  assert transformer.time_to_target(steps, bpb, clock, 3.0) == (20.0, 10.0)
+  # At the first eval already: no earlier point to interpolate from.
+  assert transformer.time_to_target(steps, bpb, clock, 5.0) == (10.0, 5.0)
+  assert transformer.time_to_target(steps, bpb, clock, 1.9) is None
+  # A run stopped after two evals (NaN afterwards) never reaches 2.5.
+  stopped = [4.0, 3.0, np.nan, np.nan]
+  assert transformer.time_to_target(steps, stopped, clock, 2.5) is None
+  # The clock is interpolated between whole steps.
+  uneven = np.arange(41, dtype=float) ** 2
+  step, seconds = transformer.time_to_target([10, 20], [3.0, 2.0], uneven, 2.75)
+  assert step == 12.5 and seconds == pytest.approx((144 + 169) / 2)
+
+
+def test_tiny_run_writes_every_method_and_topk_sends_less(tmp_path):
+  methods = [transformer.METHODS["dense"], transformer.METHODS["topk"]]
+  result = transformer.run(
+    methods=methods,
+    seeds=1,
+    steps=STEPS,
+    eval_every=EVERY,
+    out_dir=str(tmp_path),
+    overrides=TINY,
+  )
+  saved = json.loads((tmp_path / "transformer.json").read_text())
+  assert saved["suite"] == "transformer" and saved["steps"] == STEPS
+  assert saved["overrides"] == TINY
+  assert set(saved["results"]) == {"dense", "topk"}
+  assert 3.0 < saved["unigram_bits_per_byte"] < 8.0
+  dense = saved["results"]["dense"]["summary"]
+  assert saved["target_rule"].startswith("dense's mean final bpb")
+  final = dense["final_bpb"]["mean"]
+  assert saved["target_bpb"] == pytest.approx(final + transformer.TARGET_MARGIN)
+  assert dense["reach"]["reached"] == 1  # Dense reaches its own level + margin.
+  for entry in saved["results"].values():
+    s, (run,) = entry["summary"], entry["runs"]
+    assert s["step"] == [EVERY, STEPS]
+    assert np.isfinite(s["final_bpb"]["mean"]) and s["tokens_per_sec"]["mean"] > 0
+    assert len(run["clock"]) == STEPS + 1 and s["sim_end"] > 0
+    assert s["program_clock_max_rel_diff"] < 1e-9
+  topk = saved["results"]["topk"]["summary"]
+  assert topk["wire_bytes_per_step"] < dense["wire_bytes_per_step"]
+  assert topk["bytes_ratio_to_dense"] < 0.05
+  assert dense["bytes_ratio_to_dense"] == 1.0
+  table = (tmp_path / "transformer.md").read_text()
+  for label in ("dense", "topk"):
+    assert f"| {label} |" in table
+  assert "Unigram baseline" in table
+  assert (tmp_path / "transformer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert result["target_bpb"] == saved["target_bpb"]
+
+
+def test_cli_rejects_unknown_methods():
+  with pytest.raises(SystemExit, match="known: dense, topk"):
+    bench_main.main(["transformer", "--methods", "dense,bogus"])
+  with pytest.raises(SystemExit, match="--seeds must be >= 1"):
+    bench_main.main(["transformer", "--seeds", "0"])
+
+
+def test_steps_must_exceed_the_warm_up(tmp_path):
+  with pytest.raises(ValueError, match="must exceed the AdamW warm-up"):
+    transformer.run(
+      methods=[transformer.METHODS["dense"]], seeds=1, steps=10, out_dir=str(tmp_path)
+    )
+  assert not list(tmp_path.iterdir())  # Nothing trained.
