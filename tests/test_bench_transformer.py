@@ -37,7 +37,7 @@ def test_time_to_target_interpolates_the_first_crossing():
   assert step == 12.5 and seconds == pytest.approx((144 + 169) / 2)
 
 
-def test_tiny_run_writes_every_method_and_topk_sends_less(tmp_path):
+def test_tiny_run_writes_every_method_and_topk_sends_less(tmp_path, monkeypatch):
   methods = [transformer.METHODS["dense"], transformer.METHODS["topk"]]
   result = transformer.run(
     methods=methods,
@@ -73,6 +73,24 @@ def test_tiny_run_writes_every_method_and_topk_sends_less(tmp_path):
   assert "Unigram baseline" in table
   assert (tmp_path / "transformer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert result["target_bpb"] == saved["target_bpb"]
+
+  # --reuse reads the finished runs back instead of training them again.
+  def no_training(config, workdir):
+    raise AssertionError(f"trained {workdir} again")
+
+  monkeypatch.setattr(transformer.schemes, "_train", no_training)
+  again = transformer.run(
+    methods=methods,
+    seeds=1,
+    steps=STEPS,
+    eval_every=EVERY,
+    out_dir=str(tmp_path),
+    overrides=TINY,
+    reuse=True,
+  )
+  for label in ("dense", "topk"):
+    (run,) = again["results"][label]["runs"]
+    assert run["reused"] and run["curve"] == saved["results"][label]["runs"][0]["curve"]
 
 
 def test_cli_rejects_unknown_methods():

@@ -435,6 +435,7 @@ def _transformer(args: argparse.Namespace) -> None:
       eval_every=args.eval_every,
       target_bpb=args.target_bpb,
       out_dir=args.out,
+      reuse=args.reuse,
     )
   except ValueError as e:
     raise SystemExit(f"python -m gradcomp.bench transformer: error: {e}") from None
@@ -727,6 +728,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     "--steps", type=int, default=None, help="steps per run (default: the config's)"
   )
   tf.add_argument("--eval-every", type=int, default=100, help="eval interval")
+  tf.add_argument(
+    "--reuse",
+    action="store_true",
+    help="read back runs already finished under --out with the same config "
+    "instead of training them again (e.g. to add seeds)",
+  )
   tf.add_argument(
     "--target-bpb",
     type=float,

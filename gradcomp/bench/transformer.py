@@ -431,6 +431,39 @@ def _log(text: str) -> None:
   print(f"# transformer: {text}", file=sys.stderr, flush=True)
 
 
+def finished_run(config, workdir: Path, steps: int) -> dict[str, Any] | None:
+  """The run of ``config`` already finished in ``workdir``, read back; else ``None``.
+
+  Finished: ``config.json`` holds the same config (the corpus identity aside),
+  ``metrics.jsonl`` an eval at ``steps`` and ``sim.json`` the clock's inputs.
+  ``run_seconds`` is then the logged seconds of training
+  (``logs.elapsed_seconds``: compile and evals included, as a fresh run's).
+  """
+  from train import logs, train
+
+  metrics, saved = workdir / logs.METRICS_FILE, workdir / train.CONFIG_FILE
+  if not (
+    metrics.is_file() and saved.is_file() and (workdir / train.SIM_FILE).is_file()
+  ):
+    return None
+  fields = json.loads(saved.read_text())
+  fields.pop("dataset_identity", None)
+  if fields != json.loads(config.to_json_best_effort()):
+    return None
+  rows = logs.read_metrics(metrics)
+  if not any(r.get("step") == steps and "eval_loss" in r for r in rows):
+    return None
+  wire = [r["wire_bytes_per_step"] for r in rows if "wire_bytes_per_step" in r]
+  return {
+    "workdir": str(workdir),
+    "rows": rows,
+    "final": {},
+    "run_seconds": logs.elapsed_seconds(rows)[-1],
+    "wire_bytes_per_step": wire[-1] if wire else None,
+    "reused": True,
+  }
+
+
 def run(
   methods: Sequence[Method] | None = None,
   seeds: int = 3,
@@ -439,6 +472,7 @@ def run(
   target_bpb: float | None = None,
   out_dir: str = "bench_out",
   overrides: Mapping[str, Any] | None = None,
+  reuse: bool = False,
 ) -> dict[str, Any]:
   """Runs the suite, prints its table, writes ``transformer.{json,md,png}``.
 
@@ -453,6 +487,9 @@ def run(
     out_dir: where the outputs and the runs' workdirs go.
     overrides: dotted config fields set on every run (e.g. a smaller
       context for a smoke run), recorded in the JSON.
+    reuse: read back each run already finished in its workdir with the same
+      config (:func:`finished_run`) instead of training it again, e.g. to add
+      seeds to an earlier invocation's runs.
 
   Raises:
     ValueError: a bad run shape, ``steps`` not above the AdamW warm-up, or
@@ -496,7 +533,9 @@ def run(
       )
       batch, context = config.global_batch_size, config.dataset.context
       workdir = runs_dir / m.label / f"seed{seed}"
-      r = schemes._train(config, workdir)
+      r = (reuse and finished_run(config, workdir, steps)) or schemes._train(
+        config, workdir
+      )
       rows = r.pop("rows")
       r.pop("final", None)
       r["seed"] = seed
