@@ -51,12 +51,7 @@ TINY = {
 
 def tiny_config(**overrides):
   config = default.get_config()
-  for key, value in {**TINY, **overrides}.items():
-    node = config
-    *path, last = key.split(".")
-    for name in path:
-      node = node[name]
-    node[last] = value
+  config.update_from_flattened_dict({**TINY, **overrides})
   return config
 
 

@@ -37,12 +37,7 @@ SMALL = {
 
 def gpt_tiny(**overrides):
   config = importlib.import_module("configs.gpt_tiny").get_config()
-  for key, value in {**SMALL, **overrides}.items():
-    node = config
-    *path, last = key.split(".")
-    for name in path:
-      node = node[name]
-    node[last] = value
+  config.update_from_flattened_dict({**SMALL, **overrides})
   return config
 
 

@@ -226,15 +226,6 @@ def base_config():
   return gpt_tiny.get_config()
 
 
-def _set(config, key: str, value: Any) -> None:
-  """``config.a.b = value`` for ``key = "a.b"`` (the last field may be new)."""
-  *path, last = key.split(".")
-  node = config
-  for name in path:
-    node = node[name]
-  node[last] = value
-
-
 def configure(
   method: Method,
   *,
@@ -258,8 +249,7 @@ def configure(
     base_config, base, seed=seed, steps=steps, eval_every=eval_every
   )
   config.scheme = default.scheme(**method.scheme)
-  for key, value in (overrides or {}).items():
-    _set(config, key, value)
+  config.update_from_flattened_dict(dict(overrides or {}))
   return config
 
 
