@@ -58,4 +58,4 @@ bench: $(STAMP)
 	$(PY) -m gradcomp.bench sketch
 
 clean:
-	rm -rf $(VENV) .lock-venv bench_out workdirs .pytest_cache docs/_build docs/api/_autosummary
+	rm -rf $(VENV) .lock-venv bench_out workdirs .pytest_cache .jax_cache docs/_build docs/api/_autosummary

@@ -9,8 +9,20 @@ collected by Sybil) run on the same eight devices as ``tests/``. Every
 
 import doctest
 import os
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One compilation cache for both pytest workers and every program a test
+# starts (SIGKILL resumes, two-process runs, CLIs): they compile the same
+# small programs again and again, and reading one back is cheaper than
+# compiling it. Keyed by the program, JAX's version and the devices, so a
+# stale entry is never used; a fresh clone (CI) starts it empty.
+for _name, _value in {
+  "JAX_COMPILATION_CACHE_DIR": str(Path(__file__).parent / ".jax_cache"),
+  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}.items():
+  os.environ.setdefault(_name, _value)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
