@@ -26,7 +26,7 @@ import pytest
 import gradcomp
 from configs import default
 from gradcomp.models import zoo as models
-from train import data, launch, logs, train
+from train import data, launch, logs, schemes, train, workload
 from train import step as step_lib
 
 import harness
@@ -486,7 +486,7 @@ def poisoned_digits(rows):
 def test_nonfinite_steps_are_skipped(tmp_path, monkeypatch):
   # One NaN image: the one step per epoch whose batch holds it is skipped on
   # every worker, and training goes on.
-  monkeypatch.setattr(train, "_dataset", lambda config: poisoned_digits([0]))
+  monkeypatch.setattr(workload, "load_dataset", lambda config: poisoned_digits([0]))
   config = tiny_config(num_train_steps=50, log_every_steps=50, eval_every_steps=50)
   result = train.train_and_evaluate(config, tmp_path)
   (row,) = [r for r in logs.read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
@@ -501,7 +501,7 @@ def test_nonfinite_steps_are_skipped(tmp_path, monkeypatch):
 
 
 def test_run_stops_after_consecutive_nonfinite_steps(tmp_path, monkeypatch):
-  monkeypatch.setattr(train, "_dataset", lambda config: poisoned_digits(slice(None)))
+  monkeypatch.setattr(workload, "load_dataset", lambda config: poisoned_digits(slice(None)))
   config = tiny_config(checkpoint_every_steps=1, max_consecutive_nonfinite=3)
   with pytest.raises(train.NonFiniteError, match="non-finite in 3 consecutive steps"):
     train.train_and_evaluate(config, tmp_path)
@@ -555,7 +555,7 @@ def test_layout_names_the_per_worker_leaves():
   model = models.create("mlp", 10, features=(4,))
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
   config = tiny_config()
-  tx, _ = train.optimizer_lib.create(config, range(4), 10, step_lib.AXIS)
+  tx, _ = schemes.build(config, range(4), 10)
   batch = (
     jax.ShapeDtypeStruct((64, 8, 8, 1), jnp.float32),
     jax.ShapeDtypeStruct((64,), jnp.int32),

@@ -21,7 +21,7 @@ from test_train import leaves, poisoned_digits, tiny_config
 
 from gradcomp.models import sufficient_factors as sf
 from gradcomp.models import zoo as models
-from train import data, logs, train
+from train import data, logs, train, workload
 from train import factors as factors_lib
 from train import step as step_lib
 
@@ -240,7 +240,7 @@ def test_nonfinite_steps_are_skipped_on_every_worker(tmp_path, monkeypatch):
   batches = [next(order) for _ in range(steps)]
   # One image of step 3 (worker 0) and one of step 10 (worker 5).
   poisoned = [int(batches[2][0][0]), int(batches[9][0][5 * ROWS])]
-  monkeypatch.setattr(train, "_dataset", lambda config: poisoned_digits(poisoned))
+  monkeypatch.setattr(workload, "load_dataset", lambda config: poisoned_digits(poisoned))
   result = train.train_and_evaluate(
     config(sufficient_factors=True, num_train_steps=steps, log_every_steps=steps),
     tmp_path,

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
@@ -184,3 +185,38 @@ class Progress:
   def message(self, text: str) -> None:
     if self.enabled:
       print(text, file=sys.stderr, flush=True)
+
+
+class Profiler:
+  """Traces ``steps`` steps after the first (which compiles) into ``workdir/profile``.
+
+  On process 0 only (``enabled``): processes sharing a host would write the
+  same file names. A run that stops mid-trace turns the profiler off
+  (:meth:`close`).
+  """
+
+  def __init__(
+    self, workdir: Path, start: int, num_steps: int, steps: int, enabled, progress
+  ):
+    self.path = Path(workdir) / "profile"
+    self.steps = range(start + 2, min(start + 2 + steps, num_steps + 1))
+    self.steps = self.steps if enabled else range(0)
+    self.progress = progress
+    self.tracing = False
+
+  def before(self, step: int) -> None:
+    if self.steps and step == self.steps[0]:
+      jax.profiler.start_trace(self.path)
+      self.tracing = True
+
+  def after(self, step: int, metrics) -> None:
+    if self.steps and step == self.steps[-1]:
+      jax.block_until_ready(metrics)
+      jax.profiler.stop_trace()
+      self.tracing = False
+      self.progress.message(f"profiled steps {self.steps[0]}-{step} into {self.path}")
+
+  def close(self) -> None:
+    if self.tracing:
+      jax.profiler.stop_trace()
+      self.tracing = False

@@ -1,4 +1,7 @@
-"""The optimizer of a config: compressor, LayerFusion plan, SGD or AdamW, scheme, guard.
+"""The optimizer's parts of a config: compressor, LayerFusion plan, SGD or AdamW.
+
+``train/schemes/`` puts them together, each scheme its own way (its
+``build_optimizer``).
 
 Synchronous training (``config.scheme.name="none"``) is DESIGN §1's usage::
 
@@ -29,12 +32,6 @@ import optax
 from absl import logging
 
 import gradcomp
-from train import edgegossip as edgegossip_lib
-
-# ``apply_if_finite`` applies a non-finite update after this many rejections in
-# a row; the training loop stops long before (``max_consecutive_nonfinite``),
-# so a NaN never reaches the params.
-_NEVER_FORCE = 2**31 - 2
 
 
 def compressor(cfg, axis_name: str | None) -> optax.GradientTransformation:
@@ -257,37 +254,10 @@ def local_optimizer(cfg, total_steps: int) -> list[optax.GradientTransformation]
   return parts
 
 
-#: Training schemes by ``config.scheme.name`` (DESIGN §5); ``none`` is
-#: synchronous data parallelism.
-SCHEMES = {
-  "local_sgd": gradcomp.local_sgd,
-  "easgd": gradcomp.easgd,
-  "cdsgd": gradcomp.cdsgd,
-  "gossip": gradcomp.gossip,
-  "gosgd": gradcomp.gosgd,
-  "async_ps": gradcomp.async_ps,
-  "backup_workers": gradcomp.backup_workers,
-  "stale_sgd": gradcomp.stale_sgd,
-  # Paper 002: GoSGD whose epochs train/edgegossip.py balances and orders.
-  "edgegossip": gradcomp.gosgd,
-}
-
-#: Schemes whose factory takes the workers' ``speeds`` (from ``config.cluster``).
-TIMED_SCHEMES = ("async_ps", "backup_workers")
-#: Fields of ``config.scheme`` that build ``outer`` (DiLoCo's Nesterov SGD)
-#: rather than being keywords of the factory.
-_OUTER_FIELDS = ("outer_learning_rate", "outer_momentum")
-
-
 def scheme_name(config) -> str:
   """``config.scheme.name``; configs written before schemes existed are ``none``."""
   scheme = config.get("scheme")
-  name = "none" if scheme is None else scheme.name
-  if name != "none" and name not in SCHEMES:
-    raise ValueError(
-      f"unknown scheme {name!r} (config.scheme.name); valid: none, {', '.join(SCHEMES)}"
-    )
-  return name
+  return "none" if scheme is None else scheme.name
 
 
 def round_steps(config) -> Callable[[int], bool]:
@@ -330,136 +300,18 @@ def cdsgd_exchanges(config) -> Callable[[int], str]:
   return kind
 
 
-def _scheme(config, local, compressor_tx, axis_name, speeds=None):
-  """``SCHEMES[name](local, ...)`` with the set fields of ``config.scheme``.
-
-  ``speeds`` (a ``(steps, workers)`` table of the described cluster) goes to
-  the schemes of :data:`TIMED_SCHEMES`.
-  """
-  name = scheme_name(config)
-  factory = SCHEMES[name]
-  cfg = config.scheme
-  kwargs = {
-    k: v
-    for k, v in cfg.items()
-    if k != "name" and k not in _OUTER_FIELDS and v is not None
-  }
-  if name == "edgegossip":
-    kwargs = {k: v for k, v in kwargs.items() if k not in edgegossip_lib.FIELDS}
-  if name in TIMED_SCHEMES:
-    if speeds is None:
-      raise ValueError(f"scheme {name} needs the workers' speeds (config.cluster)")
-    kwargs["speeds"] = speeds
-  accepted = inspect.signature(factory).parameters
-  for key in sorted(set(kwargs) - set(accepted)):
-    logging.warning(
-      "scheme %s takes no %r; ignoring config.scheme.%s=%r",
-      name,
-      key,
-      key,
-      kwargs.pop(key),
-    )
-  if cfg.get("outer_learning_rate") is not None:
-    if "outer" not in accepted:
-      raise ValueError(f"scheme {name} has no outer optimizer (config.scheme.outer_*)")
-    momentum = cfg.get("outer_momentum")
-    kwargs["outer"] = optax.sgd(
-      cfg.outer_learning_rate,
-      momentum=0.9 if momentum is None else momentum,
-      nesterov=True,
-    )
-  if "compressor" in accepted:
-    kwargs["compressor"] = compressor_tx
-  elif compressor_tx is not None:
-    logging.warning(
-      "scheme %s exchanges params densely; ignoring config.compressor.name=%r",
-      name,
-      config.compressor.name,
-    )
-  # The first parameter is the optimizer built from config.optimizer: the
-  # local one (local SGD, EASGD) or the global one (CD-SGD's server).
-  missing = [
-    p.name
-    for p in list(accepted.values())[1:]
-    if p.default is p.empty and p.name not in kwargs
-  ]
-  if missing:
-    raise ValueError(
-      f"scheme {name} needs config.scheme.{missing[0]} (a keyword of "
-      f"gradcomp.{name}); e.g. --config.scheme.{missing[0]}=..."
-    )
-  return factory(local, axis_name=axis_name, **kwargs)
-
-
-def create(
-  config,
-  order: Sequence[int],
-  total_steps: int,
-  axis_name: str | None,
-  sizes: Sequence[int] | None = None,
-  saved_plan: gradcomp.Plan | None = None,
-  mask=None,
-  speeds=None,
-) -> tuple[optax.GradientTransformation, gradcomp.Plan | None]:
-  """The run's optimizer and its fusion plan.
-
-  Args:
-    config: the run's config (``compressor``, ``fusion``, ``optimizer``).
-    order: gradient-ready order of the parameter leaves
-      (``gradcomp.fusion.gradient_order``); with ``mask``, of the leaves it keeps
-      (``train.factors.Factored.restrict``).
-    total_steps: steps of the run, for decaying schedules.
-    axis_name: the workers' mesh axis, or ``None`` on one device.
-    sizes: values per parameter leaf (tree order), for ``plan="auto"``.
-    saved_plan: the plan of the run being resumed, reused by ``"auto"``.
-    mask: ``optax.masked``'s mask of the compressor (with its fusion), or
-      ``None``: leaves it maps to ``False`` (kernels whose sufficient factors
-      the step exchanges, ``train/factors.py``) skip it, already the mean.
-    speeds: the described cluster's ``(steps, workers)`` speed table
-      (``pricing.speed_table``), for ``async_ps`` and ``backup_workers``.
-
-  Returns:
-    ``(tx, plan)``: ``tx``'s state is an ``optax.ApplyIfFiniteState``.
-  """
-  inner = compressor(config.compressor, axis_name)
-  cluster = cluster_of(config, num_workers(config))
-  plan = fusion_plan(config.fusion, order, sizes, inner, saved_plan, cluster)
-  if plan is not None:
-    inner = gradcomp.layerfusion(inner, plan)
-  if mask is not None:
-    inner = optax.masked(inner, mask)
-  parts = local_optimizer(config.optimizer, total_steps)
-  if scheme_name(config) == "none":
-    tx = optax.chain(inner, *parts)
-  elif scheme_name(config) in ("gossip", "async_ps"):
-    # CHOCO and the server's pushes rebuild the codec for their exchange
-    # (neighbours, pushes), per leaf: no fusion.
-    codec = (
-      None
-      if config.compressor.name == "none"
-      else compressor(config.compressor, axis_name)
-    )
-    tx = _scheme(config, optax.chain(*parts), codec, axis_name, speeds)
-  else:
-    # The dense mean is the scheme's own default: no compressor in between.
-    pseudo = None if config.compressor.name == "none" else inner
-    tx = _scheme(config, optax.chain(*parts), pseudo, axis_name, speeds)
-  tx = gradcomp.apply_if_finite(tx, _NEVER_FORCE, axis_name=axis_name)
-  return tx, plan
-
-
 def round_exchange(
   config, axis_name: str, plan: gradcomp.Plan | None
 ) -> optax.GradientTransformation:
   """What one exchange of the run sends, as a transformation of the params' tree.
 
   Synchronous training, local SGD and CD-SGD's compressed steps: the
-  compressor (inside LayerFusion with ``plan``); EASGD (and local SGD with
-  ``none``): the dense mean. The
+  compressor (inside LayerFusion with ``plan``); with ``none``, the dense
+  mean. The
   training program reads its wire bytes from the compiled HLO to price a
   round and to amortise the bytes per step.
   """
-  if scheme_name(config) == "easgd" or config.compressor.name == "none":
+  if config.compressor.name == "none":
     return gradcomp.none(axis_name)
   tx = compressor(config.compressor, axis_name)
   return tx if plan is None else gradcomp.layerfusion(tx, plan)

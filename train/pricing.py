@@ -153,17 +153,22 @@ def speed_table(
   return np.stack(rows)
 
 
-def _timed_clock(config, num_steps: int, table: np.ndarray) -> np.ndarray:
-  """``async_ps`` and ``backup_workers``: simulated seconds after each step.
+def async_clock(num_steps: int, table: np.ndarray) -> np.ndarray:
+  """``async_ps``: simulated seconds after each step, one fastest cycle each.
 
-  ``table`` is :func:`speed_table`'s (gradients per second). A step of
-  ``async_ps`` is the fastest cycle (the scheme's time unit); a round of
-  ``backup_workers`` the ``n - b``-th cycle to end, replayed from the
-  scheme's own draws.
+  ``table`` is :func:`speed_table`'s (gradients per second); the fastest
+  cycle is the asynchronous server's time unit.
   """
   unit = 1.0 / float(table.max())
-  if optimizer_lib.scheme_name(config) == "async_ps":
-    return unit * np.arange(num_steps + 1, dtype=np.float64)
+  return unit * np.arange(num_steps + 1, dtype=np.float64)
+
+
+def backup_clock(config, num_steps: int, table: np.ndarray) -> np.ndarray:
+  """``backup_workers``: each round waits for the ``n - b``-th cycle to end.
+
+  Replayed from the scheme's own draws (``table`` as for :func:`async_clock`).
+  """
+  unit = 1.0 / float(table.max())
   cfg = config.scheme
   jitter = float(cfg.get("jitter") or 0.0)
   keep = table.shape[1] - cfg.backups
@@ -178,6 +183,13 @@ def _timed_clock(config, num_steps: int, table: np.ndarray) -> np.ndarray:
   return np.concatenate([[0.0], np.cumsum(per_round)])
 
 
+def price_timed(step_wire, seconds: np.ndarray) -> Priced:
+  """A timed scheme's wire (every step's own) and its clock ``seconds``."""
+  return Priced(
+    sum(step_wire.values()), {k: b for k, b in step_wire.items() if b}, seconds, {}
+  )
+
+
 def flops_per_step(model, ds: data_lib.Dataset, batch_per_worker: int) -> float:
   """One worker's training FLOPs per step, from the model's jaxpr (DESIGN §6)."""
   sample = jax.ShapeDtypeStruct((1, *ds.input_shape), ds.x_train.dtype)
@@ -186,98 +198,79 @@ def flops_per_step(model, ds: data_lib.Dataset, batch_per_worker: int) -> float:
   )
 
 
-def _gossip_wire(config, step_wire, workers_: int):
-  """Gossip / GoSGD: (bytes per step, bytes of one message, topology priced).
+def gossip_wire(step_wire, branches: int, messages: int) -> tuple[float, float]:
+  """Gossip / GoSGD: ``(bytes per step, bytes of one message)``.
 
   The step's HLO holds every branch's ``collective-permute``s: each phase of
-  the topology (gossip), or each of the ``n - 1`` push shifts (GoSGD, whose
-  one message per worker is priced as a one-peer topology). A step runs one
-  branch.
+  a topology (``messages`` edges over ``branches`` phases), or each of the
+  ``n - 1`` push shifts of GoSGD (one message per worker, ``n - 1``
+  branches). A step runs one branch.
   """
-  name = optimizer_lib.scheme_name(config)
   permuted = step_wire.get("collective-permute", 0)
   other = sum(step_wire.values()) - permuted
-  if name in ("gosgd", "edgegossip"):
-    branches = messages = max(workers_ - 1, 1)
-    topology = gradcomp.topology.get("one_peer_exponential", workers_)
+  return other + permuted / branches, permuted / max(messages, 1)
+
+
+def price_gossip(
+  config, mesh, flops, step_wire, num_steps, topology, *, overlap, pushes=False
+) -> Priced:
+  """Each worker waits for its in-neighbours only (``gradcomp.sim.simulate_gossip``).
+
+  ``topology``: what one step's messages follow. ``pushes``: GoSGD's one
+  push per worker, sent by one of ``n - 1`` shift branches, priced on the
+  one-peer ``topology`` the caller passes.
+  """
+  if pushes:
+    branches = messages = max(mesh.size - 1, 1)
   else:
-    topology = gradcomp.topology.get(config.scheme.topology, workers_)
     branches = len(topology.phases)
     messages = sum(len(p.edges) for p in topology.phases)
-  per_message = permuted / max(messages, 1)
-  return other + permuted / branches, per_message, topology
+  per_step, message = gossip_wire(step_wire, branches, messages)
+  seconds = gradcomp.sim.simulate_gossip(
+    cluster_of(config, mesh.size), flops, topology, message, num_steps, overlap=overlap
+  )
+  fields = {
+    "message_bytes": message,
+    "topology": topology.summary(),
+    "overlap": overlap,
+  }
+  return Priced(per_step, {"collective-permute": int(message)}, seconds, fields)
 
 
-def price(
-  config, plan, mesh, params, step_wire, num_steps, flops, speeds=None
+def price_delayed(config, plan, mesh, params, step_wire, num_steps, flops) -> Priced:
+  """CD-SGD: the exchange of step t runs under step t+1's compute (paper 001 eqs. 6-7)."""
+  full, compressed, per_step = _cdsgd_wire(
+    config, plan, mesh, params, step_wire, num_steps
+  )
+  seconds = gradcomp.sim.simulate_delayed(
+    cluster_of(config, mesh.size),
+    flops,
+    full,
+    compressed or None,
+    k=config.scheme.get("k") or 2,
+    warmup_steps=config.scheme.warmup_steps,
+    steps=num_steps,
+  )
+  fields = {"full_wire": full, "compressed_wire": compressed}
+  return Priced(per_step, compressed or full, seconds, fields)
+
+
+def price_rounds(
+  config, mesh, flops, step_wire, num_steps, is_round, round_wire_=None
 ) -> Priced:
-  """The run's bytes per step and simulated clock (see the module docstring).
+  """A barrier at each exchange round (``gradcomp.sim.simulate_rounds``).
 
-  Args:
-    config: the run's config.
-    plan: its LayerFusion plan (or ``None``).
-    mesh: the workers' mesh.
-    params: the params with their worker axis (per-worker schemes) or
-      replicated, as the program holds them.
-    step_wire: ``{kind: bytes}`` of the compiled training step.
-    num_steps: the run's steps.
-    flops: one worker's training FLOPs per step.
-    speeds: :func:`speed_table`, for ``async_ps`` and ``backup_workers``.
+  ``round_wire_``: ``{kind: bytes}`` of one round (:func:`round_wire`), or
+  ``None`` when every step is a round and the step's own collectives are it
+  (synchronous SGD). Pure in its inputs: a resumed run recomputes the same
+  clock.
   """
-  name = optimizer_lib.scheme_name(config)
-  cluster = cluster_of(config, mesh.size)
-  if name == "cdsgd":
-    full, compressed, per_step = _cdsgd_wire(
-      config, plan, mesh, params, step_wire, num_steps
-    )
-    # Paper 001 eqs. 6-7: the exchange runs under the next step's compute.
-    seconds = gradcomp.sim.simulate_delayed(
-      cluster,
-      flops,
-      full,
-      compressed or None,
-      k=config.scheme.get("k") or 2,
-      warmup_steps=config.scheme.warmup_steps,
-      steps=num_steps,
-    )
-    fields = {"full_wire": full, "compressed_wire": compressed}
-    return Priced(per_step, compressed or full, seconds, fields)
-  if name == "edgegossip":
-    # Priced epoch by epoch as the plans are made (train/edgegossip.py).
-    per_step, message, _ = _gossip_wire(config, step_wire, mesh.size)
-    seconds = np.full(num_steps + 1, np.nan)
-    seconds[0] = 0.0
-    fields = {"message_bytes": message}
-    return Priced(per_step, {"collective-permute": int(message)}, seconds, fields)
-  if name in ("gossip", "gosgd"):
-    per_step, message, topology = _gossip_wire(config, step_wire, mesh.size)
-    # D-PSGD sends the params the gradient was taken at (overlapped); CHOCO
-    # and GoSGD send what the step computed.
-    overlap = name == "gossip" and config.compressor.name == "none"
-    seconds = gradcomp.sim.simulate_gossip(
-      cluster, flops, topology, message, num_steps, overlap=overlap
-    )
-    fields = {
-      "message_bytes": message,
-      "topology": topology.summary(),
-      "overlap": overlap,
-    }
-    return Priced(per_step, {"collective-permute": int(message)}, seconds, fields)
-  if name in optimizer_lib.TIMED_SCHEMES:
-    seconds = _timed_clock(config, num_steps, speeds)
-    per_step = sum(step_wire.values())
-    return Priced(per_step, {k: b for k, b in step_wire.items() if b}, seconds, {})
-  is_round = optimizer_lib.round_steps(config)
-  if name in ("none", "stale_sgd"):  # Every step is an exchange round.
+  if round_wire_ is None:
     round_wire_, per_step = step_wire, sum(step_wire.values())
   else:
-    round_wire_ = round_wire(
-      optimizer_lib.round_exchange(config, step_lib.AXIS, plan), mesh, params
-    )
     per_step = amortised_bytes(step_wire, round_wire_, is_round, num_steps)
   round_wire_ = {k: b for k, b in round_wire_.items() if b}
-  # Pure in its inputs: a resumed run recomputes the same clock.
   seconds = gradcomp.sim.simulate_rounds(
-    cluster, flops, is_round, round_wire_, num_steps
+    cluster_of(config, mesh.size), flops, is_round, round_wire_, num_steps
   )
   return Priced(per_step, round_wire_, seconds, {})

@@ -78,7 +78,7 @@ from gradcomp.models import shapes
 from gradcomp.models import zoo as models
 from gradcomp.parallel.wire import collective_bytes
 from train import data as data_lib
-from train import optimizer as optimizer_lib
+from train import schemes
 from train import step as step_lib
 
 AXIS = step_lib.AXIS
@@ -172,15 +172,15 @@ def make_step(setup: Setup, mesh, config, plan: gradcomp.Plan | None = None):
   """``(train_step, (params, model_state, opt_state), batch)`` on ``mesh``.
 
   The optimizer, layout and step are the training program's
-  (``optimizer.create``, ``step.infer_layout``, ``step.make_train_step``).
+  (``schemes.build``, ``step.infer_layout``, ``step.make_train_step``).
   ``plan`` (for ``config.fusion.plan="auto"``) is handed to
-  ``optimizer.create`` as a resumed run's saved plan, so the program uses it
+  ``schemes.build`` as a resumed run's saved plan, so the program uses it
   instead of planning for its nominal cluster.
   """
   sizes = list(setup.sizes)
-  tx, used = optimizer_lib.create(config, setup.order, 1, AXIS, sizes, plan)
+  tx, used = schemes.build(config, setup.order, 1, sizes, plan)
   if plan is not None and used != plan:
-    raise RuntimeError(f"optimizer.create did not use the given plan {plan}")
+    raise RuntimeError(f"schemes.build did not use the given plan {plan}")
   params = jax.tree.map(jnp.copy, setup.params)
   model_state = jax.tree.map(jnp.copy, setup.model_state)
   opt_state = tx.init(params)

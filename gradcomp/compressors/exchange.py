@@ -123,13 +123,28 @@ class Pushes(Pattern):
     return decode(*payload)
 
 
+#: Registered compressors whose payloads are gathered, never reduced: the ones
+#: an exchange with neighbours or a server's pushes (a :class:`Pattern`) can send.
+GATHERED = (
+  "topk",
+  "dgc",
+  "qsgd",
+  "terngrad",
+  "threshold_quantize",
+  "ef_signsgd",
+  "onebit_sgd",
+  "fixed_point",
+  "dynamic_fixed_point",
+  "sparse_quantize",
+)
+
+
 def _global_only(axis_name, what: str) -> None:
   if isinstance(axis_name, Pattern):
     raise ValueError(
       f"this compressor needs {what} over all workers, which {axis_name.what} "
-      "cannot provide; use a codec whose payloads are gathered (topk, dgc, "
-      "qsgd, terngrad, threshold_quantize, ef_signsgd, onebit_sgd, "
-      "fixed_point, dynamic_fixed_point, sparse_quantize)"
+      f"cannot provide; use a codec whose payloads are gathered "
+      f"({', '.join(GATHERED)})"
     )
 
 

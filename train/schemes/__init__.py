@@ -1,0 +1,79 @@
+"""Training schemes on the program's side: one module per family, one registry.
+
+``config.scheme.name`` picks a :class:`~train.schemes.base.Scheme` subclass
+from :data:`REGISTRY`; the loop (``train/train.py``) calls only its hooks.
+A new scheme is a subclass in a new module and a line here, or, without
+touching ``train/``, a :func:`register` call in a module imported before the
+run (its config file, say).
+"""
+
+from __future__ import annotations
+
+from train.schemes.base import Scheme
+from train.schemes.cdsgd import CDSGD
+from train.schemes.edgegossip import EdgeGossip
+from train.schemes.gossip import GoSGD, Gossip
+from train.schemes.periodic import EASGD, LocalSGD, StaleSGD
+from train.schemes.synchronous import Synchronous
+from train.schemes.timed import AsyncPS, BackupWorkers
+
+REGISTRY: dict[str, type[Scheme]] = {
+  cls.name: cls
+  for cls in (
+    Synchronous,
+    LocalSGD,
+    EASGD,
+    StaleSGD,
+    CDSGD,
+    Gossip,
+    GoSGD,
+    AsyncPS,
+    BackupWorkers,
+    EdgeGossip,
+  )
+}
+
+
+def register(cls: type[Scheme]) -> type[Scheme]:
+  """Adds ``cls`` under ``cls.name`` (usable as a class decorator)."""
+  REGISTRY[cls.name] = cls
+  return cls
+
+
+def names() -> tuple[str, ...]:
+  return tuple(REGISTRY)
+
+
+def name_of(config) -> str:
+  """``config.scheme.name``; configs written before schemes existed are ``none``."""
+  scheme = config.get("scheme")
+  return "none" if scheme is None else scheme.name
+
+
+def get(config) -> type[Scheme]:
+  """The scheme class of ``config``.
+
+  Raises:
+    ValueError: an unknown name, listing the registered ones.
+  """
+  name = name_of(config)
+  if name not in REGISTRY:
+    raise ValueError(
+      f"unknown scheme {name!r} (config.scheme.name); valid: {', '.join(REGISTRY)}"
+    )
+  return REGISTRY[name]
+
+
+__all__ = ["REGISTRY", "Scheme", "build", "get", "name_of", "names", "register"]
+
+
+def build(config, order, total_steps: int, sizes=None, saved_plan=None, mask=None):
+  """``(tx, plan)`` of ``config`` without a run around it (benchmarks, tests).
+
+  For a scheme whose optimizer needs no workload or mesh (synchronous
+  training and the schemes without a speed table); see
+  :func:`train.schemes.base.build_optimizer` for the arguments.
+  """
+  cls = get(config)
+  scheme = cls(cls.resolve(config), None, None, "shard_map")
+  return scheme.optimizer(order, sizes, saved_plan, total_steps, mask)
