@@ -2,8 +2,13 @@
 
 Kept short, as flax's ``examples/imagenet/main.py``: flags, process setup,
 then ``train_and_evaluate``. Override config fields on the command line, e.g.
-``--config.compressor.name=topk --config.compressor.ratio=0.01``.
+``--config.compressor.name=topk --config.compressor.ratio=0.01``. A config
+the program cannot run (an unknown name, a required field left unset, a
+missing dataset) ends it with one line naming what to change; ``--debug``
+shows the traceback instead.
 """
+
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -26,6 +31,9 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in all.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_DEBUG = flags.DEFINE_bool(
+  "debug", False, "Show the traceback of a configuration or data error."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -40,7 +48,13 @@ def main(argv):
   )
   from train import train  # After the setup above; it builds the mesh.
 
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  try:
+    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except (ValueError, FileNotFoundError, train.NonFiniteError) as e:
+    if _DEBUG.value:
+      raise
+    # What the user can fix, in their terms: no traceback (--debug shows it).
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

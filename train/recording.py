@@ -30,12 +30,11 @@ class StepLog:
     scheme: the run's scheme (its figures in each row).
     per_worker: whether the workers' params differ (then each row logs their
       consensus distance).
-    writer: the run's ``logs.MetricWriter``.
-    progress: the run's ``logs.Progress``.
-    wire_bytes: bytes one worker sends per step.
-    sim_at: ``step -> simulated seconds`` (or ``None``).
-    num_steps: the run's last step.
-    start: the step the run starts after.
+    outputs: ``(writer, progress)``: the run's ``logs.MetricWriter`` and
+      ``logs.Progress``.
+    clock: ``(wire_bytes, sim_at)``: bytes one worker sends per step, and
+      ``step -> simulated seconds`` (or ``None``).
+    steps: ``(start, num_steps)``: the step the run starts after, its last.
     global_state: ``() -> (params, model_state, opt_state)`` in the
       checkpoint's layout.
     last_checkpoint: ``() -> step`` of the latest checkpoint, for the error.
@@ -47,20 +46,17 @@ class StepLog:
     workload,
     scheme,
     per_worker: bool,
-    writer,
-    progress,
-    wire_bytes: float,
-    sim_at: Callable[[int], float | None],
-    num_steps: int,
-    start: int,
+    outputs: tuple,
+    clock: tuple[float, Callable[[int], float | None]],
+    steps: tuple[int, int],
     global_state: Callable,
     last_checkpoint: Callable[[], int | None],
   ):
     self.config, self.workload, self.scheme = config, workload, scheme
     self.per_worker = per_worker
-    self.writer, self.progress = writer, progress
-    self.wire_bytes, self.sim_at = wire_bytes, sim_at
-    self.num_steps = num_steps
+    self.writer, self.progress = outputs
+    self.wire_bytes, self.sim_at = clock
+    start, self.num_steps = steps
     self.global_state = global_state
     self.last_checkpoint = last_checkpoint
     self.losses: list[float] = []
@@ -104,6 +100,17 @@ class StepLog:
     self.progress.update(step, row["loss"], row["samples_per_sec"], steps_per_sec)
     self.losses, self.accuracies = [], []
     self.t0, self.s0 = now, step
+
+  def evaluation(self, step: int, metrics: dict[str, Any]) -> None:
+    """Logs an evaluation's ``metrics`` at ``step``."""
+    # The simulated time of the step, unless its training row carries it.
+    logged = step % self.config.log_every_steps == 0 or step == self.num_steps
+    extra = {} if logged else {"sim_seconds": self.sim_at(step)}
+    self.writer.write(step, **extra, **metrics)
+    self.progress.message(
+      f"eval at step {step}: loss {metrics['eval_loss']:.4f}, "
+      f"accuracy {metrics['eval_accuracy']:.4f}"
+    )
 
   def _row(self, step: int, m, now: float) -> dict[str, Any]:
     steps = step - self.s0

@@ -179,19 +179,60 @@ def _build(config, work, scheme, mesh, workdir: Path) -> Program:
   return Program(tx, plan, layout, state, factors, batch_like, num_steps, flops)
 
 
-def _price(program: Program, scheme, train_step, params, model_state, opt_state):
-  """The scheme's bytes per step and clock, from the compiled step's collectives."""
+def _price(program: Program, scheme, train_step, placed, workdir: Path, lead: bool):
+  """The scheme's bytes per step and clock, from the compiled step's collectives.
+
+  Process 0 writes what was priced to ``sim.json``.
+  """
   layout = program.layout
   example = step_lib.example_batch(layout.mesh, program.batch_like, scheme.variant)
-  compiled = train_step.lower(params, model_state, opt_state, example).compile()
+  compiled = train_step.lower(*placed, example).compile()
   step_wire = wire.collective_bytes(compiled.as_text())
-  return scheme.price(
+  priced = scheme.price(
     program.plan,
     program.state["params"],
     step_wire,
     program.num_steps,
     program.flops,
   )
+  if lead:
+    _write_sim_file(
+      workdir,
+      flops_per_step=program.flops,
+      round_wire=priced.round_wire,
+      wire_bytes_per_step=priced.wire_bytes_per_step,
+      **priced.fields,
+    )
+  return priced
+
+
+def _announce(progress, config, work, scheme, mesh, priced, start: int) -> None:
+  """The run's first lines: what trains where, what it sends, from which step."""
+  progress.message(
+    f"{config.model.name} on {work.name}, {mesh.size} workers "
+    f"({jax.devices()[0].platform}), compressor {config.compressor.name}, "
+    f"plan {config.fusion.plan}, scheme {scheme.name}: "
+    f"{priced.wire_bytes_per_step:,.0f} bytes sent per step per worker "
+    f"({sum(priced.round_wire.values()):,} per exchange round); "
+    f"steps {start} -> {progress.total}"
+    + (" (resumed from its checkpoint)" if start else "")
+  )
+  for line in (*scheme.messages(), *work.describe()):
+    progress.message(line)
+
+
+def _checkpointed(mesh, step: int, placed, rng, scheme) -> dict[str, Any]:
+  """The state a checkpoint holds at ``step``: ``placed`` in the shard_map layout."""
+  params, model_state, opt_state = placed
+  at = jax.device_put(jnp.asarray(step, jnp.int32), NamedSharding(mesh, P()))
+  return {
+    "params": params,
+    "model_state": model_state,
+    "opt_state": opt_state,
+    "step": at,
+    "rng": rng,
+    **scheme.saved_state(),
+  }
 
 
 def train_and_evaluate(config, workdir: str | Path) -> Result:
@@ -240,7 +281,8 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   params, model_state, opt_state = layout.to_variant(
     variant, state["params"], state["model_state"], state["opt_state"]
   )
-  priced = _price(program, scheme, train_step, params, model_state, opt_state)
+  placed = (params, model_state, opt_state)
+  priced = _price(program, scheme, train_step, placed, workdir, lead)
 
   def sim_at(step: int) -> float | None:
     seconds = float(priced.sim_seconds[step])
@@ -250,52 +292,17 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     """Params, model state and optimizer state in the checkpoint's layout."""
     return layout.from_variant(variant, params, model_state, opt_state)
 
-  def final_state(step: int) -> dict[str, Any]:
-    p, s, o = global_state()
-    replicated = NamedSharding(mesh, P())
-    at = jax.device_put(jnp.asarray(step, jnp.int32), replicated)
-    extra = scheme.saved_state()
-    return {
-      "params": p,
-      "model_state": s,
-      "opt_state": o,
-      "step": at,
-      "rng": state["rng"],
-      **extra,
-    }
-
-  if lead:
-    _write_sim_file(
-      workdir,
-      flops_per_step=program.flops,
-      round_wire=priced.round_wire,
-      wire_bytes_per_step=priced.wire_bytes_per_step,
-      **priced.fields,
-    )
   writer = logs.MetricWriter(workdir, resume_step=start, enabled=lead)
   progress = logs.Progress(num_steps, enabled=lead)
-  progress.message(
-    f"{config.model.name} on {work.name}, {mesh.size} workers "
-    f"({jax.devices()[0].platform}), compressor {config.compressor.name}, "
-    f"plan {config.fusion.plan}, scheme {scheme.name}: "
-    f"{priced.wire_bytes_per_step:,.0f} bytes sent per step per worker "
-    f"({sum(priced.round_wire.values()):,} per exchange round); "
-    f"steps {start} -> {num_steps}"
-    + (" (resumed from its checkpoint)" if start else "")
-  )
-  for line in (*scheme.messages(), *work.describe()):
-    progress.message(line)
+  _announce(progress, config, work, scheme, mesh, priced, start)
   record = StepLog(
     config,
     work,
     scheme,
     layout.params_per_worker,
-    writer,
-    progress,
-    priced.wire_bytes_per_step,
-    sim_at,
-    num_steps,
-    start,
+    (writer, progress),
+    (priced.wire_bytes_per_step, sim_at),
+    (start, num_steps),
     global_state,
     checkpoints.latest_step,
   )
@@ -304,13 +311,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
 
   def run_eval(step: int) -> None:
     last.update(evaluate(params, model_state, global_state))
-    # The simulated time of the step, unless its training row carries it.
-    logged = step % config.log_every_steps == 0 or step == num_steps
-    writer.write(step, **({} if logged else {"sim_seconds": sim_at(step)}), **last)
-    progress.message(
-      f"eval at step {step}: loss {last['eval_loss']:.4f}, "
-      f"accuracy {last['eval_accuracy']:.4f}"
-    )
+    record.evaluation(step, last)
 
   batches = scheme.batches(start)
   profiler = logs.Profiler(
@@ -319,8 +320,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   pending = None
   try:
     for step in range(start + 1, num_steps + 1):
-      current = lambda: (params, model_state)
-      host_batch = scheme.batch(step, batches, current)
+      host_batch = scheme.batch(step, batches, lambda: (params, model_state))
       batch = step_lib.shard_batch(mesh, host_batch, variant)
       profiler.before(step)
       params, model_state, opt_state, metrics = train_step(
@@ -339,7 +339,9 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
       if do_eval:
         run_eval(step)
       if do_save:
-        checkpoints.save(step, final_state(step))
+        checkpoints.save(
+          step, _checkpointed(mesh, step, global_state(), state["rng"], scheme)
+        )
       if do_eval or do_save:  # Throughput counts training steps only.
         record.restart_clock(step)
     if pending is not None:
@@ -350,6 +352,5 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     profiler.close()
     checkpoints.close()
     writer.close()
-  final = final_state(num_steps)
-  final["step"] = jnp.asarray(num_steps, jnp.int32)
-  return Result(final, dict(last))
+  final = _checkpointed(mesh, num_steps, global_state(), state["rng"], scheme)
+  return Result({**final, "step": jnp.asarray(num_steps, jnp.int32)}, dict(last))

@@ -133,6 +133,14 @@ class Scheme:
         ", ".join(exchange.GATHERED),
       )
       updates["compressor.name"] = "none"
+      # The replaced codec's fields: none takes no ratio, rank or seed.
+      updates.update(
+        {
+          f"compressor.{k}": None
+          for k, v in config.compressor.items()
+          if k != "name" and v is not None
+        }
+      )
     return _set(config, updates) if updates else config
 
   def check(self) -> None:
