@@ -35,7 +35,8 @@ class Workload:
   Attributes:
     dataset: the examples, in host memory (``train.data.Dataset``).
     model: a flax module mapping a batch of ``dataset.x_*`` to logits over
-      ``dataset.num_classes`` (per position for sequences); trained with the
+      ``dataset.num_classes`` (per position for sequences), called as
+      ``model.apply(variables, x, train=...)``; trained with the
       cross-entropy of ``train.step.loss_fn``.
   """
 
