@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import default
-from train import launch, schemes, train, workload
+from train import launch, logs, schemes, train, workload
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", launch.ENV_CPU_DEVICES: "8"}
@@ -107,6 +107,7 @@ TOY = textwrap.dedent(
 
   import flax.linen as nn
   import jax
+  import jax.numpy as jnp
   import numpy as np
   import optax
 
@@ -120,13 +121,20 @@ TOY = textwrap.dedent(
       return nn.Dense(2)(x)
 
 
+  def squared_error(outputs, targets):
+    """The workload's own criterion: squared error to one-hot targets, and accuracy."""
+    one_hot = jax.nn.one_hot(targets, outputs.shape[-1])
+    correct = (jnp.argmax(outputs, -1) == targets).astype(jnp.float32)
+    return jnp.sum((outputs - one_hot) ** 2, axis=-1), correct
+
+
   def blobs(config):
     rng = np.random.default_rng(0)
     centers = 3.0 * rng.normal(size=(2, 4))
     y = rng.integers(0, 2, 512).astype(np.int32)
     x = (centers[y] + rng.normal(size=(512, 4))).astype(np.float32)
     ds = data.Dataset("blobs", x[:384], y[:384], x[384:], y[384:], num_classes=2)
-    return workload.Workload(ds, Linear())
+    return workload.Workload(ds, Linear(), criterion=squared_error)
 
 
   def average_every_step(inner, *, axis_name=None):
@@ -215,3 +223,14 @@ def test_a_scheme_and_a_workload_from_outside_train_run_through_the_program(
   ):
     a, b = np.asarray(a), np.asarray(b)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
+
+  # The evaluation used the workload's criterion: the toy's last eval_loss is
+  # the squared error of its final params on the test set, recomputed here.
+  ds = toy.blobs(None).dataset
+  dense = got["params"]["Dense_0"]
+  outputs = ds.x_test @ np.asarray(dense["kernel"]) + np.asarray(dense["bias"])
+  want = np.mean(np.sum((outputs - np.eye(2)[ds.y_test]) ** 2, axis=-1))
+  rows = logs.read_metrics(tmp_path / "toy" / logs.METRICS_FILE)
+  assert [r for r in rows if "eval_loss" in r][-1]["eval_loss"] == pytest.approx(
+    want, rel=1e-5
+  )

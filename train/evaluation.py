@@ -96,11 +96,17 @@ class Evaluator:
     model = workload.model
     if layout.params_per_worker:
       average_layout = dataclasses.replace(layout, params_per_worker=False)
-      self.eval_step = step_lib.make_eval_step(model, average_layout)
-      self.worker_eval = step_lib.make_worker_eval_step(model, layout)
+      self.eval_step = step_lib.make_eval_step(
+        model, average_layout, criterion=workload.criterion
+      )
+      self.worker_eval = step_lib.make_worker_eval_step(
+        model, layout, criterion=workload.criterion
+      )
       self.averager = step_lib.make_averager(layout)
     else:
-      self.eval_step = step_lib.make_eval_step(model, layout, variant)
+      self.eval_step = step_lib.make_eval_step(
+        model, layout, variant, criterion=workload.criterion
+      )
 
   def _score(self, params, model_state, variant="shard_map") -> dict[str, float]:
     ds = self.workload.dataset

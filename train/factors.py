@@ -241,7 +241,9 @@ def _compressor_link_bytes(config, mesh, shape, dtype) -> float:
   return sf.ring_link_bytes(operands, mesh.size)
 
 
-def plan(config, model, mesh, params, model_state, batch_like) -> Factored:
+def plan(
+  config, model, mesh, params, model_state, batch_like, criterion=step_lib.cross_entropy
+) -> Factored:
   """The rule's choice for every ``nn.Dense`` of ``model`` in this run.
 
   Args:
@@ -251,6 +253,7 @@ def plan(config, model, mesh, params, model_state, batch_like) -> Factored:
     params: one worker's params (arrays or ``jax.ShapeDtypeStruct``).
     model_state: its non-param collections.
     batch_like: ``jax.ShapeDtypeStruct`` of the global batch.
+    criterion: the workload's, as for ``train.step.loss_fn``.
 
   Raises:
     ValueError: if the model calls no ``nn.Dense``.
@@ -260,7 +263,9 @@ def plan(config, model, mesh, params, model_state, batch_like) -> Factored:
     jax.ShapeDtypeStruct((b.shape[0] // workers, *b.shape[1:]), b.dtype)
     for b in batch_like
   )
-  loss = lambda p, s, x, y: step_lib.loss_fn(model, p, s, x, y, train=True)
+  loss = lambda p, s, x, y: step_lib.loss_fn(
+    model, p, s, x, y, train=True, criterion=criterion
+  )
   _, _, factors = jax.eval_shape(
     sf.value_grad_and_factors(loss, has_aux=True), params, model_state, *local
   )

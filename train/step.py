@@ -176,14 +176,29 @@ def _add(opt_state, per_worker):
 
 
 def cross_entropy(logits, labels) -> tuple[jax.Array, jax.Array]:
-  """Per-example (per-token for sequences) losses and correctness."""
+  """Per-example (per-token for sequences) losses and correctness.
+
+  The default ``criterion`` of every function here: a workload may pass its
+  own ``criterion(outputs, targets) -> (losses, scores)``, both shaped as
+  the targets' leading axes (``train.workload.Workload.criterion``).
+  """
   loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
   return loss, correct
 
 
-def loss_fn(model: nn.Module, params, model_state, x, y, w=None, *, train: bool):
-  """Mean cross-entropy and ``(accuracy, new model state)``.
+def loss_fn(
+  model: nn.Module,
+  params,
+  model_state,
+  x,
+  y,
+  w=None,
+  *,
+  train: bool,
+  criterion: Callable = cross_entropy,
+):
+  """Mean loss and ``(mean score, new model state)`` (cross-entropy and accuracy).
 
   ``w``: per-example weights (EdgeGossip's mask, 0 for padding), or ``None``
   for the plain mean; a batch of zero weight has loss 0 and gradient 0.
@@ -193,7 +208,7 @@ def loss_fn(model: nn.Module, params, model_state, x, y, w=None, *, train: bool)
     logits, new_state = model.apply(variables, x, train=True, mutable=list(model_state))
   else:
     logits, new_state = model.apply(variables, x, train=train), model_state
-  loss, correct = cross_entropy(logits, y)
+  loss, correct = criterion(logits, y)
   if w is None:
     return jnp.mean(loss), (jnp.mean(correct), new_state)
   count = jnp.maximum(jnp.sum(w), 1.0)
@@ -207,11 +222,14 @@ def init_model(model: nn.Module, rng, input_shape, dtype) -> tuple[Any, dict]:
   return params, variables
 
 
-def gradient_order(model: nn.Module, params, model_state, x, y) -> list[int]:
+def gradient_order(
+  model: nn.Module, params, model_state, x, y, *, criterion: Callable = cross_entropy
+) -> list[int]:
   """``gradcomp.fusion.gradient_order`` of the loss: the leaves in gradient-ready order."""
-  return gradcomp.fusion.gradient_order(
-    lambda p, x, y: loss_fn(model, p, model_state, x, y, train=False)[0], params, x, y
-  )
+  loss = lambda p, x, y: loss_fn(
+    model, p, model_state, x, y, train=False, criterion=criterion
+  )[0]
+  return gradcomp.fusion.gradient_order(loss, params, x, y)
 
 
 def poison_nonfinite(loss, grads):
@@ -242,6 +260,7 @@ def _body(
   probe=None,
   independent: bool | None = None,
   factors=None,
+  criterion: Callable = cross_entropy,
 ):
   """One worker's step; with ``probe``, records which new state is varying.
 
@@ -265,7 +284,7 @@ def _body(
   # back already summed over workers (psum is pvary's transpose).
   local = _as_varying(params)
   local_state = _as_varying(model_state)
-  loss_of = functools.partial(loss_fn, model, train=True)
+  loss_of = functools.partial(loss_fn, model, train=True, criterion=criterion)
   if factors is None:
     grad_fn = jax.value_and_grad(loss_of, has_aux=True)
     (loss, (accuracy, new_model_state)), grads = grad_fn(local, local_state, x, y, w)
@@ -323,7 +342,16 @@ def _body(
 
 
 def infer_layout(
-  model, tx, mesh: Mesh, params, model_state, opt_state, batch, factors=None
+  model,
+  tx,
+  mesh: Mesh,
+  params,
+  model_state,
+  opt_state,
+  batch,
+  factors=None,
+  *,
+  criterion: Callable = cross_entropy,
 ) -> Layout:
   """The layout whose per-worker leaves are exactly those typed varying.
 
@@ -342,6 +370,7 @@ def infer_layout(
     opt_state: ``tx.init(params)``, without worker axes.
     batch: one global batch (arrays or ``jax.ShapeDtypeStruct``).
     factors: as for ``make_train_step``.
+    criterion: the workload's, as for ``loss_fn``.
   """
   per_worker = jax.tree.map(lambda _: False, opt_state)
   params_per_worker = False
@@ -360,6 +389,7 @@ def infer_layout(
         batch,
         probe=found,
         factors=factors,
+        criterion=criterion,
       )
       return jnp.zeros(())
 
@@ -413,7 +443,13 @@ def _pmap(fun, layout: Layout, **kwargs) -> Callable:
 
 
 def make_train_step(
-  model, tx, layout: Layout, variant: str = "shard_map", factors=None
+  model,
+  tx,
+  layout: Layout,
+  variant: str = "shard_map",
+  factors=None,
+  *,
+  criterion: Callable = cross_entropy,
 ) -> Callable:
   """``step(params, model_state, opt_state, batch) -> (..., metrics)``, jitted.
 
@@ -423,6 +459,7 @@ def make_train_step(
   ``Layout.to_variant`` and ``batch`` by ``shard_batch(..., "pmap")``.
   ``factors``: a ``train.factors.Factored`` whose layers send sufficient
   factors (``tx`` then masks their kernels off its compressor), or ``None``.
+  ``criterion``: the workload's, as for ``loss_fn``.
   """
   check_variant(variant)
   if variant == "pmap":
@@ -440,6 +477,7 @@ def make_train_step(
         per_device,
         independent=layout.params_per_worker,
         factors=factors,
+        criterion=criterion,
       ),
       layout,
       out_axes=(0, 0, 0, None),
@@ -448,7 +486,7 @@ def make_train_step(
   opt_specs = layout.opt_specs()
   return jax.jit(
     jax.shard_map(
-      functools.partial(_body, model, tx, layout, factors=factors),
+      functools.partial(_body, model, tx, layout, factors=factors, criterion=criterion),
       mesh=layout.mesh,
       in_specs=(layout.params, layout.params, opt_specs, P(AXIS)),
       out_specs=(layout.params, layout.params, opt_specs, P()),
@@ -457,15 +495,21 @@ def make_train_step(
   )
 
 
-def _eval_sums(model, params, model_state, x, y, w) -> jax.Array:
+def _eval_sums(model, params, model_state, x, y, w, criterion) -> jax.Array:
   """``(sum loss, sum correct, count)`` of one model on its batch, ``w`` weighting rows."""
   logits = model.apply({"params": params, **model_state}, x, train=False)
-  loss, correct = cross_entropy(logits, y)
+  loss, correct = criterion(logits, y)
   w = jnp.broadcast_to(w.reshape(w.shape + (1,) * (loss.ndim - 1)), loss.shape)
   return jnp.stack([jnp.sum(loss * w), jnp.sum(correct * w), jnp.sum(w)])
 
 
-def make_eval_step(model, layout: Layout, variant: str = "shard_map") -> Callable:
+def make_eval_step(
+  model,
+  layout: Layout,
+  variant: str = "shard_map",
+  *,
+  criterion: Callable = cross_entropy,
+) -> Callable:
   """``eval(params, model_state, x, y, w) -> (sum loss, sum correct, count)``.
 
   Each worker evaluates its shard of the batch; ``w`` weights the examples
@@ -475,7 +519,8 @@ def make_eval_step(model, layout: Layout, variant: str = "shard_map") -> Callabl
   check_variant(variant)
 
   def evaluate(params, model_state, x, y, w):
-    return jax.lax.psum(_eval_sums(model, params, model_state, x, y, w), AXIS)
+    sums = _eval_sums(model, params, model_state, x, y, w, criterion)
+    return jax.lax.psum(sums, AXIS)
 
   if variant == "pmap":
     return _pmap(evaluate, layout, out_axes=None)
@@ -489,7 +534,9 @@ def make_eval_step(model, layout: Layout, variant: str = "shard_map") -> Callabl
   )
 
 
-def make_worker_eval_step(model, layout: Layout) -> Callable:
+def make_worker_eval_step(
+  model, layout: Layout, *, criterion: Callable = cross_entropy
+) -> Callable:
   """``eval(params, model_state, x, y, w) -> (workers, 3)`` sums, each worker its own model.
 
   For per-worker params (``shard_map`` layout, leading worker axis): every
@@ -499,7 +546,7 @@ def make_worker_eval_step(model, layout: Layout) -> Callable:
 
   def evaluate(params, model_state, x, y, w):
     params, model_state = gradcomp.drop_worker_axis((params, model_state))
-    sums = _eval_sums(model, params, model_state, x, y, w)
+    sums = _eval_sums(model, params, model_state, x, y, w, criterion)
     # Gathered, so every process can read every worker's sums.
     return jax.lax.all_gather(sums, AXIS, to="invarying")
 
@@ -578,7 +625,9 @@ def example_batch(mesh: Mesh, batch_like, variant: str = "shard_map"):
   )
 
 
-def make_point_losses(model, layout: Layout) -> Callable:
+def make_point_losses(
+  model, layout: Layout, *, criterion: Callable = cross_entropy
+) -> Callable:
   """``losses(params, model_state, x, y) -> (workers * M,)``: each worker's own model on its rows.
 
   For EdgeGossip's trainer (paper 002 Alg. 2, line 1): ``x`` and ``y`` hold
@@ -591,7 +640,7 @@ def make_point_losses(model, layout: Layout) -> Callable:
   def losses(params, model_state, x, y):
     params, model_state = gradcomp.drop_worker_axis((params, model_state))
     logits = model.apply({"params": params, **model_state}, x, train=False)
-    return cross_entropy(logits, y)[0]
+    return criterion(logits, y)[0]
 
   return jax.jit(
     jax.shard_map(

@@ -59,11 +59,12 @@ class Result(NamedTuple):
 
 
 class Program(NamedTuple):
-  """A run, built: its optimizer, plan, layout, initial state and clock inputs."""
+  """A run, built: its optimizer, plan, layout, step, initial state and clock inputs."""
 
   tx: Any
   plan: gradcomp.Plan | None
   layout: step_lib.Layout
+  train_step: Any
   state: dict[str, Any]
   factors: Any
   batch_like: tuple
@@ -143,7 +144,7 @@ def _saved_plan(workdir: Path) -> gradcomp.Plan | None:
 
 
 def _build(config, work, scheme, mesh, workdir: Path) -> Program:
-  """Initial params, the scheme's optimizer and plan, the layout, the state."""
+  """Initial params, the scheme's optimizer and plan, the layout, the step, the state."""
   model, ds = work.model, work.dataset
   batch_like = scheme.batch_like(work.batch_like(config.global_batch_size))
   rng = jax.random.PRNGKey(config.seed)  # Raw uint32[2]: checkpointable as is.
@@ -151,7 +152,9 @@ def _build(config, work, scheme, mesh, workdir: Path) -> Program:
   params, model_state = step_lib.init_model(
     model, init_rng, ds.input_shape, ds.x_train.dtype
   )
-  order = step_lib.gradient_order(model, params, model_state, *batch_like[:2])
+  order = step_lib.gradient_order(
+    model, params, model_state, *batch_like[:2], criterion=work.criterion
+  )
   sizes = [int(np.size(x)) for x in jax.tree.leaves(params)]
   order, sizes, factors = scheme.gradient_plan(
     params, model_state, batch_like, order, sizes
@@ -162,7 +165,15 @@ def _build(config, work, scheme, mesh, workdir: Path) -> Program:
   tx, plan = scheme.optimizer(order, sizes, _saved_plan(workdir), num_steps, mask)
   opt_state = tx.init(params)
   layout = step_lib.infer_layout(
-    model, tx, mesh, params, model_state, opt_state, batch_like, factors
+    model,
+    tx,
+    mesh,
+    params,
+    model_state,
+    opt_state,
+    batch_like,
+    factors,
+    criterion=work.criterion,
   )
   params, model_state, opt_state = layout.place(
     *layout.params_to_global((params, model_state)), layout.to_global(opt_state)
@@ -176,7 +187,12 @@ def _build(config, work, scheme, mesh, workdir: Path) -> Program:
     "rng": jax.device_put(rng, replicated),
     **scheme.initial_state(),
   }
-  return Program(tx, plan, layout, state, factors, batch_like, num_steps, flops)
+  train_step = step_lib.make_train_step(
+    model, tx, layout, scheme.variant, factors, criterion=work.criterion
+  )
+  return Program(
+    tx, plan, layout, train_step, state, factors, batch_like, num_steps, flops
+  )
 
 
 def _price(program: Program, scheme, train_step, placed, workdir: Path, lead: bool):
@@ -274,9 +290,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   scheme.restore(state, layout)
   if lead:
     _write_run_files(workdir, config, program.plan, work.dataset)
-  train_step = step_lib.make_train_step(
-    work.model, program.tx, layout, variant, program.factors
-  )
+  train_step = program.train_step
   # Checkpoints hold the shard_map layout whatever the variant (train/step.py).
   params, model_state, opt_state = layout.to_variant(
     variant, state["params"], state["model_state"], state["opt_state"]

@@ -9,9 +9,10 @@ run (a config file, say), and the program trains it unchanged::
 
   workload.register("my_data", lambda config: workload.Workload(...))
 
-The loop asks a workload only for what is on :class:`Workload`; language
-models add bits per token to their evaluations and tokens per second to
-their throughput from ``Dataset.token``.
+The loop asks a workload only for what is on :class:`Workload`: its data,
+model and criterion (the loss, cross-entropy unless it says otherwise);
+language models add bits per token to their evaluations and tokens per
+second to their throughput from ``Dataset.token``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import jax
 
 from gradcomp.models import zoo as models
 from train import data as data_lib
+from train import step as step_lib
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -34,14 +36,18 @@ class Workload:
 
   Attributes:
     dataset: the examples, in host memory (``train.data.Dataset``).
-    model: a flax module mapping a batch of ``dataset.x_*`` to logits over
-      ``dataset.num_classes`` (per position for sequences), called as
-      ``model.apply(variables, x, train=...)``; trained with the
-      cross-entropy of ``train.step.loss_fn``.
+    model: a flax module mapping a batch of ``dataset.x_*`` to outputs
+      (logits over ``dataset.num_classes``, per position for sequences),
+      called as ``model.apply(variables, x, train=...)``.
+    criterion: ``criterion(outputs, targets) -> (losses, scores)``, per
+      example (per position for sequences): the loss trained and evaluated
+      (``eval_loss``), and the score evaluated (``eval_accuracy``).
+      Default: cross-entropy and top-1 accuracy.
   """
 
   dataset: data_lib.Dataset
   model: nn.Module
+  criterion: Callable = step_lib.cross_entropy
 
   @property
   def name(self) -> str:

@@ -66,7 +66,9 @@ class EdgeGossip(Scheme):
   def restore(self, state, layout):
     self.restored = self.edge.epoch_of(jax.device_get(state["edgegossip"]))
     if self.edge.selection == "loss":
-      self.point_losses = step_lib.make_point_losses(self.workload.model, layout)
+      self.point_losses = step_lib.make_point_losses(
+        self.workload.model, layout, criterion=self.workload.criterion
+      )
       sharded = NamedSharding(self.mesh, P(step_lib.AXIS))
       self.points = tuple(jax.device_put(a, sharded) for a in self.edge.points())
 

@@ -26,8 +26,15 @@ class Synchronous(Scheme):
   def gradient_plan(self, params, model_state, batch_like, order, sizes):
     if not factors_lib.enabled(self.config):
       return order, sizes, None
+    work = self.workload
     self.factored = factors_lib.plan(
-      self.config, self.workload.model, self.mesh, params, model_state, batch_like
+      self.config,
+      work.model,
+      self.mesh,
+      params,
+      model_state,
+      batch_like,
+      work.criterion,
     )
     if not self.factored.active:
       return order, sizes, None
