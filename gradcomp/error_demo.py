@@ -1,6 +1,6 @@
 """What each compressor sends, and how close its result is to the dense mean.
 
-``python -m gradcomp.demo`` (what ``make run`` runs until the training program
+``python -m gradcomp.error_demo`` (what ``make run`` runs until the training program
 exists): 8 virtual CPU workers, each holding a different gradient of a small
 MLP-shaped tree (a shared signal plus per-worker noise). For every compressor it
 prints the bytes one worker sends per step, read from the compiled program, as
