@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gradcomp.bench import convergence
+from gradcomp.bench import convergence, workloads
 from train import logs
 
 # One pytest-xdist worker runs the module, so its module fixture is built once.
@@ -90,3 +90,33 @@ def test_time_is_steps_times_batch_over_the_logged_rate():
   # Rows without a rate are left out of throughput with their steps.
   assert convergence.throughput(rows, 128, skip=0) == pytest.approx(20 * 128 / 3)
   assert convergence.throughput(rows, 128, skip=20) == 640.0
+
+
+def test_gpt_tiny_workload_reports_bits_per_byte(tmp_path):
+  """``--workload gpt_tiny``: one smoke run; the table's final bpb is the run's
+  last ``eval_bits_per_byte``, and signSGD's SGD-tuned lr is not applied."""
+  workload = workloads.GPT_TINY.with_overrides(workloads.SMOKE)
+  result = convergence.run(
+    methods=[convergence.METHODS["signsgd"]],
+    seeds=1,
+    steps=4,
+    eval_every=2,
+    throughput_steps=0,
+    out_dir=str(tmp_path),
+    workload=workload,
+  )
+  saved = json.loads((tmp_path / "convergence.json").read_text())
+  assert saved["workload"]["name"] == "gpt_tiny" and "digits" not in saved
+  entry = saved["gpt_tiny"]["methods"]["signsgd"]
+  (run,) = entry["runs"]
+  rows = logs.read_metrics(f"{run['workdir']}/{logs.METRICS_FILE}")
+  last = [r for r in rows if "eval_bits_per_byte" in r][-1]
+  assert last["step"] == 4
+  assert entry["summary"]["final_bpb"]["mean"] == pytest.approx(
+    last["eval_bits_per_byte"]
+  )
+  assert 3.0 < entry["summary"]["final_bpb"]["mean"] < 9.0
+  assert result["methods"]["signsgd"]["optimizer"] == {}  # AdamW's lr kept.
+  table = (tmp_path / "convergence.md").read_text()
+  assert "final bpb (bits/byte)" in table and "| signsgd | signsgd |" in table
+  assert (tmp_path / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

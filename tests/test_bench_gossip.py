@@ -6,7 +6,7 @@ import pytest
 
 import gradcomp
 from gradcomp.bench import __main__ as bench_main
-from gradcomp.bench import gossip
+from gradcomp.bench import gossip, workloads
 
 # alpha = 25 us; one message of B bytes at 1 Gbit/s: alpha + 8 B / 1e9.
 ALPHA, B, F = 25e-6, 38_440, 4e9  # F: 0.5 ms of compute at 8 TFLOP/s.
@@ -201,3 +201,27 @@ def test_workload_reading_prices_resnet50_steps():
   assert rows[16, "p"]["step_ms"] == pytest.approx(1e3 * max(compute, message))
   assert rows[16, "p"]["steps_to_target"] == 200
   assert rows[16, "allreduce"]["ratio"] == pytest.approx(1.0)
+
+
+def test_gpt_tiny_workload_reports_bits_per_byte(tmp_path):
+  """``--workload gpt_tiny``: CHOCO on the ring, one smoke run: bits per byte of
+  the average model and the workers' mean, a consensus distance."""
+  workload = workloads.GPT_TINY.with_overrides(workloads.SMOKE)
+  result = gossip.run(
+    methods=[gossip.METHODS["choco_topk1"]],
+    seeds=1,
+    steps=4,
+    eval_every=2,
+    out_dir=str(tmp_path),
+    workload=workload,
+  )
+  s = result["results"]["choco_topk1"]["summary"]
+  assert 3.0 < s["final_bpb"]["mean"] < 9.0
+  assert 3.0 < s["final_worker_bpb_mean"]["mean"] < 9.0
+  assert s["consensus_distance_end"] >= 0 and s["program_clock_max_rel_diff"] < 1e-9
+  assert result["target"] is None  # No allreduce run: no target.
+  table = (tmp_path / "gossip.md").read_text()
+  assert "Final validation bits per byte (bits/byte)" in table
+  assert "| choco_topk1 | gossip (gamma=0.05) | topk ratio=0.01 | ring" in table
+  with pytest.raises(SystemExit, match="digits only"):
+    bench_main.main(["gossip", "--gamma-sweep", "--workload", "gpt_tiny"])

@@ -141,3 +141,18 @@ def test_paper_compute_is_a_v100_at_its_measured_resnet50_throughput():
   # 128 images per T_1: the published single-V100 fp32 rate, 356 img/s.
   np.testing.assert_allclose(128 / work.single_worker_seconds, 356.0, rtol=1e-9)
   assert 0.5 < paper.v100_tflops() / paper.V100_FP32_PEAK_TFLOPS < 0.6
+
+
+def test_gpt2_small_runs_at_8_sequences_per_worker():
+  """``--models gpt2_small``: not in Table 3, so the batch of
+  ``model_workload.BATCH_SIZES`` (8 sequences of 1,024 tokens); T_1 is its
+  training FLOPs (3 x forward, attention included) at the V100 rate."""
+  assert scaling.batch_size("gpt2_small") == 8
+  assert scaling.batch_size("resnet50") == 128
+  work = scaling.workload("gpt2_small", "paper").workload
+  flops = 3 * sum(shapes.forward_flops("gpt2_small")) * 8
+  np.testing.assert_allclose(
+    work.single_worker_seconds, flops / (paper.v100_tflops() * 1e12), rtol=1e-9
+  )
+  with pytest.raises(ValueError, match="no batch size"):
+    scaling.batch_size("alexnet")

@@ -2,11 +2,12 @@
 accuracy): its bytes per step and simulated seconds against closed forms."""
 
 import json
+import math
 
 import pytest
 
 from gradcomp.bench import __main__ as bench_main
-from gradcomp.bench import schemes
+from gradcomp.bench import schemes, workloads
 from train import logs
 
 # One pytest-xdist worker runs the module, so its module fixture is built once.
@@ -99,3 +100,30 @@ def test_cli_rejects_unknown_methods(capsys):
     bench_main.main(["schemes", "--methods", "sync,bogus"])
   with pytest.raises(SystemExit, match="--seeds must be >= 1"):
     bench_main.main(["schemes", "--seeds", "0"])
+
+
+def test_gpt_tiny_workload_reports_bits_per_byte(tmp_path):
+  """``--workload gpt_tiny``: one smoke run of local SGD; bits per byte of the
+  average model and the workers' mean, no fixed-accuracy times."""
+  workload = workloads.GPT_TINY.with_overrides(workloads.SMOKE)
+  schemes.run(
+    methods=[schemes.METHODS["local_sgd_2"]],
+    seeds=1,
+    steps=4,
+    eval_every=2,
+    out_dir=str(tmp_path),
+    workload=workload,
+  )
+  saved = json.loads((tmp_path / "schemes.json").read_text())
+  assert saved["config"].startswith("configs/gpt_tiny.py")
+  assert saved["reach"] == [] and saved["targets"] == []
+  s, (run,) = (saved["results"]["local_sgd_2"][k] for k in ("summary", "runs"))
+  rows = logs.read_metrics(f"{run['workdir']}/{logs.METRICS_FILE}")
+  last = [r for r in rows if "eval_bits_per_byte" in r][-1]
+  assert s["final_bpb"]["mean"] == pytest.approx(last["eval_bits_per_byte"])
+  mean_worker = last["eval_worker_loss_mean"] / math.log(2)
+  assert s["final_worker_bpb_mean"]["mean"] == pytest.approx(mean_worker)
+  assert s["sim"]["a"]["reach"] == {} and s["program_clock_max_rel_diff"] < 1e-9
+  table = (tmp_path / "schemes.md").read_text()
+  assert "final bpb (average, bits/byte) | workers' mean |" in table
+  assert "| local_sgd_2 | local_sgd (every=2) | none |" in table

@@ -77,6 +77,12 @@ def test_overhead_of_an_affine_curve():
     161 * (fixed + 16 * per_value) / r50["layerwise_s"]
   )
   assert r50["per_call_share"] == pytest.approx(161 * fixed / r50["layerwise_s"])
+  # GPT-2 small's smallest tensors (biases, LayerNorms) have 768 values.
+  gpt = o["models"]["gpt2_small"]
+  assert gpt["tensors"] == 148
+  values = shapes.GPT2_SMALL_NUM_PARAMS
+  assert gpt["layerwise_s"] == pytest.approx(148 * fixed + per_value * values)
+  assert gpt["single_s"] == pytest.approx(fixed + per_value * values)
   flat = sizes.overhead(grid, [1e-4, 1e-4, 1e-4])
   assert flat["crossover"] is None and flat["models"]["resnet50"]["below"] == 0
   assert flat["models"]["resnet50"]["fixed_share"] == pytest.approx(1.0)

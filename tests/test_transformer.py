@@ -111,18 +111,40 @@ def test_forward_flops_gpt2_small_closed_form():
       strict=True,
     )
   )
+  attention = 2 * t * t * d + 2 * t * t * d  # q k^T, then weights @ v, per block.
   assert f["wte/embedding"] == (2 * d * vocab + d) * t  # tied logits + the gather
   assert f["wpe/embedding"] == d * t
-  assert f["h_3/attn/c_attn/kernel"] == 2 * d * 3 * d * t
+  assert f["h_3/attn/c_attn/kernel"] == 2 * d * 3 * d * t + attention
   assert f["h_3/attn/c_attn/bias"] == 3 * d * t
   assert f["h_3/mlp/c_proj/kernel"] == 2 * 4 * d * d * t
   assert f["h_3/ln_2/scale"] == f["ln_f/bias"] == d * t
   # Dense kernels: 2 FLOPs per parameter and token, the usual 2N forward rule
-  # (the embeddings aside); attention's q k^T and weights @ v go to no tensor.
+  # (the embeddings aside), plus each block's attention on its QKV kernel.
   kernels = sum(v for k, v in f.items() if k.endswith("kernel"))
-  assert kernels == 2 * layers * 12 * d * d * t
+  assert kernels == 2 * layers * 12 * d * d * t + layers * attention
+  # The whole forward pass, written out per block: two LayerNorms (scale and
+  # bias), QKV, the attention products, the output projection, the MLP.
+  block = (
+    2 * 2 * d * t
+    + (2 * d * 3 * d + 3 * d) * t
+    + 4 * d * t * t
+    + (2 * d * d + d) * t
+    + (2 * d * 4 * d + 4 * d) * t
+    + (2 * 4 * d * d + d) * t
+  )
+  total = (2 * d * vocab + d) * t + d * t + layers * block + 2 * d * t
+  assert sum(f.values()) == total
+  assert 0.13 < layers * attention / total < 0.14  # About 13 % at 1,024 tokens.
+  # Per token, everything but attention is constant in seq_len; attention
+  # grows as 4 d seq_len (quadratic per sequence).
   one = shapes.forward_flops("gpt2_small", seq_len=1)
-  assert shapes.forward_flops("gpt2_small") == [t * x for x in one]
+  qkv = [n.endswith("attn/c_attn/kernel") for n, _ in shapes.gpt2_small_shapes()]
+  expected = [
+    t * (x - 4 * d) + 4 * d * t * t if is_qkv else t * x
+    for x, is_qkv in zip(one, qkv, strict=True)
+  ]
+  assert shapes.forward_flops("gpt2_small") == expected
+  assert shapes.attention_flops(d, t) == attention
   with pytest.raises(ValueError, match="exceeds the context"):
     shapes.forward_flops("gpt2_small", seq_len=t + 1)
 

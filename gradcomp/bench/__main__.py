@@ -15,6 +15,7 @@ Example::
   python -m gradcomp.bench cdsgd --seeds 3
   python -m gradcomp.bench gossip --seeds 3
   python -m gradcomp.bench async --seeds 3
+  python -m gradcomp.bench schemes --workload gpt_tiny --seeds 1 --steps 200
   python -m gradcomp.bench factors
   python -m gradcomp.bench collectives --bandwidth-gbps 10 --latency-us 25
   python -m gradcomp.bench predictor --repeats 3
@@ -36,6 +37,7 @@ from gradcomp.bench import (
   schemes,
   sketch,
   transformer,
+  workloads,
 )
 from gradcomp.models import shapes
 
@@ -142,6 +144,7 @@ def _convergence(args: argparse.Namespace) -> None:
     throughput_steps=args.throughput_steps,
     throughput_methods=[convergence.METHODS[x] for x in resnet] if resnet else None,
     out_dir=args.out,
+    workload=workloads.get(args.workload),
   )
 
 
@@ -154,6 +157,18 @@ def _seeded_arguments(parser, module, suite: str, methods_help: str) -> None:
   parser.add_argument("--steps", type=int, default=600, help="steps per run")
   parser.add_argument("--eval-every", type=int, default=100, help="eval interval")
   parser.add_argument("--out", default="bench_out/", help=f"directory for {suite}.*")
+  _workload_argument(parser)
+
+
+def _workload_argument(parser) -> None:
+  """``--workload``: the base config and metric (``gradcomp.bench.workloads``)."""
+  parser.add_argument(
+    "--workload",
+    default="digits",
+    choices=sorted(workloads.WORKLOADS),
+    help="digits (MLP, accuracy) or gpt_tiny (GPT on bytes of text, bits per "
+    "byte); default digits",
+  )
 
 
 def _seeded_suite(suite: str, module, args: argparse.Namespace, docs: bool) -> None:
@@ -178,7 +193,11 @@ def _seeded_suite(suite: str, module, args: argparse.Namespace, docs: bool) -> N
   jax.config.update("jax_num_cpu_devices", module.WORKERS)
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   run_shape = (args.seeds, args.steps, args.eval_every)
-  defaults = labels == list(module.DEFAULT_METHODS) and run_shape == (3, 600, 100)
+  defaults = (
+    labels == list(module.DEFAULT_METHODS)
+    and run_shape == (3, 600, 100)
+    and args.workload == "digits"
+  )
   module.run(
     methods=[module.METHODS[x] for x in labels],
     seeds=args.seeds,
@@ -188,6 +207,7 @@ def _seeded_suite(suite: str, module, args: argparse.Namespace, docs: bool) -> N
     docs_png=Path(__file__).resolve().parents[2] / "docs" / f"{suite}.png"
     if (docs or defaults)
     else None,
+    workload=workloads.get(args.workload),
   )
 
 
@@ -210,6 +230,10 @@ def _gossip(args: argparse.Namespace) -> None:
   import jax
   from absl import logging
 
+  if args.workload != "digits":
+    raise SystemExit(
+      "python -m gradcomp.bench gossip: error: --gamma-sweep runs on digits only"
+    )
   try:
     gammas = [float(x) for x in args.gamma_sweep.split(",") if x]
   except ValueError as e:
@@ -542,6 +566,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   cv.add_argument("--devices", type=int, default=8, help="virtual CPU devices")
   cv.add_argument("--out", default="bench_out/", help="directory for convergence.*")
+  _workload_argument(cv)
   cv.set_defaults(func=_convergence)
   sm = suites.add_parser(
     "schemes",

@@ -28,6 +28,24 @@ the worker's batch, so CD-SGD runs with ``message_scale`` = the per-worker
 batch (16) and BIT-SGD (a synchronous chain, no ``message_scale``) with the
 same threshold on mean gradients, 0.5 / 16 (equal arithmetic: 16 is a power
 of two).
+
+**Workloads** (``--workload``, :mod:`gradcomp.bench.workloads`). Part 1 runs
+on ``digits`` by default; ``--workload gpt_tiny`` runs the same methods on
+``configs/gpt_tiny.py`` (AdamW is then every method's server optimizer) and
+reports the final validation bits per byte (lower is better) of the local
+average, of the global weights and the workers' mean in place of the worst
+worker's accuracy. :func:`methods_for` rebuilds the suite's methods for a
+workload: the local lr is the workload's (gpt_tiny: 3e-3, AdamW's peak lr,
+the transformer suite's ``CDSGD_LOCAL_LR``: untuned), ``message_scale`` the
+config's per-worker batch, and the threshold the workload's on mean
+gradients (gpt_tiny: 1.5e-3, ``CDSGD_THRESHOLD``) times that batch in
+MXNet's units (the small setting 1/100 of it, as on digits); the warm-up
+stays :data:`WARMUP` = 50 (gpt_tiny's AdamW warm-up too). The claims compare
+bits per byte: CD-SGD (k=2) at most as many bits per byte as BIT-SGD; within
+``workloads.BPB_MARGIN`` = 0.1 bits per byte of S-SGD; bits per byte not
+falling as k grows. Parts 2-3 are unchanged: Table 2 and Fig. 10 are the
+paper's time model on its clusters and models (workload-independent), and the
+measured steps are the chosen workload's runs.
 """
 
 from __future__ import annotations
@@ -41,10 +59,11 @@ from typing import Any
 
 import numpy as np
 
-from gradcomp.bench import cdsgd_time, schemes
+from gradcomp.bench import cdsgd_time, schemes, workloads
 from gradcomp.bench.convergence import _stats
 from gradcomp.bench.output import publish
 from gradcomp.bench.schemes import Method
+from gradcomp.bench.workloads import DIGITS, Workload
 
 WORKERS = schemes.WORKERS
 #: The digits config's global batch over 8 workers.
@@ -62,54 +81,70 @@ KS = (2, 5, 10, 20)
 SSGD_PP = 0.3
 
 
-def _cd(k: int, compressor: str = "threshold_quantize", small: bool = False) -> Method:
-  scheme = {
-    "name": "cdsgd",
-    "local_learning_rate": LOCAL_LR,
-    "warmup_steps": WARMUP,
-    "k": k,
+#: The small setting's threshold over the first's.
+SMALL_FACTOR = 100
+
+
+def methods_for(workload: Workload, per_worker_batch: int) -> dict[str, Method]:
+  """The suite's methods on ``workload`` with ``per_worker_batch`` per worker.
+
+  Local lr: ``workload.local_learning_rate``; thresholds in MXNet's units
+  (batch sums): ``workload.threshold * per_worker_batch`` and
+  1 / :data:`SMALL_FACTOR` of it (digits: :data:`THRESHOLD`,
+  :data:`SMALL_THRESHOLD`), ``message_scale = per_worker_batch``; BIT-SGD's
+  on mean gradients, over ``per_worker_batch``.
+  """
+  big = workload.threshold * per_worker_batch
+
+  def cd(k: int, compressor: str = "threshold_quantize", small: bool = False):
+    scheme = {
+      "name": "cdsgd",
+      "local_learning_rate": workload.local_learning_rate,
+      "warmup_steps": WARMUP,
+      "k": k,
+    }
+    if compressor == "none":
+      return Method("odsgd", scheme, why="local update, full precision every step")
+    threshold = big / SMALL_FACTOR if small else big
+    return Method(
+      f"cdsgd_k{k}" + (SMALL_SUFFIX if small else ""),
+      {**scheme, "message_scale": float(per_worker_batch)},
+      compressor,
+      {"threshold": threshold},
+      why=f"2-bit codes (threshold {threshold:g} on batch sums), full precision "
+      f"every {k}th message",
+    )
+
+  def bit(small: bool = False) -> Method:
+    threshold = big / SMALL_FACTOR if small else big
+    return Method(
+      "bitsgd" + (SMALL_SUFFIX if small else ""),
+      {"name": "none"},
+      "threshold_quantize",
+      {"threshold": threshold / per_worker_batch},
+      why=f"2-bit codes with residual, synchronous (eq. 5), threshold "
+      f"{threshold:g} on batch sums",
+    )
+
+  return {
+    m.label: m
+    for m in (
+      Method("ssgd", {"name": "none"}, why="dense fp32 all-reduce every step"),
+      bit(),
+      cd(1, "none"),
+      *(cd(k) for k in KS),
+      bit(small=True),
+      *(cd(k, small=True) for k in (2, 20)),
+      Method(
+        "compute_only",
+        {"name": "local_sgd", "every": 10**6},
+        why="never exchanges: the measured tau of part 3",
+      ),
+    )
   }
-  if compressor == "none":
-    return Method("odsgd", scheme, why="local update, full precision every step")
-  threshold = SMALL_THRESHOLD if small else THRESHOLD
-  return Method(
-    f"cdsgd_k{k}" + (SMALL_SUFFIX if small else ""),
-    {**scheme, "message_scale": float(PER_WORKER_BATCH)},
-    compressor,
-    {"threshold": threshold},
-    why=f"2-bit codes (threshold {threshold} on batch sums), full precision "
-    f"every {k}th message",
-  )
 
 
-def _bit(small: bool = False) -> Method:
-  threshold = SMALL_THRESHOLD if small else THRESHOLD
-  return Method(
-    "bitsgd" + (SMALL_SUFFIX if small else ""),
-    {"name": "none"},
-    "threshold_quantize",
-    {"threshold": threshold / PER_WORKER_BATCH},
-    why=f"2-bit codes with residual, synchronous (eq. 5), threshold {threshold} "
-    "on batch sums",
-  )
-
-
-METHODS: dict[str, Method] = {
-  m.label: m
-  for m in (
-    Method("ssgd", {"name": "none"}, why="dense fp32 all-reduce every step"),
-    _bit(),
-    _cd(1, "none"),
-    *(_cd(k) for k in KS),
-    _bit(small=True),
-    *(_cd(k, small=True) for k in (2, 20)),
-    Method(
-      "compute_only",
-      {"name": "local_sgd", "every": 10**6},
-      why="never exchanges: the measured tau of part 3",
-    ),
-  )
-}
+METHODS: dict[str, Method] = methods_for(DIGITS, PER_WORKER_BATCH)
 DEFAULT_METHODS = tuple(METHODS)
 
 
@@ -163,42 +198,55 @@ def measured_vs_model(steps: Mapping[str, float]) -> list[dict[str, Any]]:
   return rows
 
 
-def accuracy_checks(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict]:
-  """Claims 1-3 of §4.2-4.3, for each threshold setting whose methods ran."""
-  mean = lambda m: summaries[m]["final_accuracy"]["mean"]
+def accuracy_checks(
+  summaries: Mapping[str, Mapping[str, Any]],
+  workload: Workload = DIGITS,
+  thresholds: Sequence[float] = (THRESHOLD, SMALL_THRESHOLD),
+) -> list[dict]:
+  """Claims 1-3 of §4.2-4.3, for each threshold setting whose methods ran.
+
+  In the workload's metric (``difference_pp`` on digits, ``difference_bpb``
+  on gpt_tiny: how much better the first method ends, ``Workload.advantage``);
+  ``thresholds``: the two settings' thresholds, named in the claims.
+  """
+  w = workload
+  mean = lambda m: summaries[m][f"final_{w.key}"]["mean"]
   checks = []
-  for suffix, threshold in (("", THRESHOLD), (SMALL_SUFFIX, SMALL_THRESHOLD)):
-    at = f" (threshold {threshold})"
+  for suffix, threshold in zip(("", SMALL_SUFFIX), thresholds, strict=True):
+    at = f" (threshold {threshold:g})"
     cd2, bit = f"cdsgd_k2{suffix}", f"bitsgd{suffix}"
     if {cd2, bit} <= set(summaries):
-      diff = 100 * (mean(cd2) - mean(bit))
+      diff = w.advantage(mean(cd2), mean(bit))
       checks.append(
         {
-          "claim": f"CD-SGD (k=2) >= BIT-SGD{at}",
-          "difference_pp": diff,
+          "claim": f"CD-SGD (k=2) {w.key} at least as good as BIT-SGD's{at}",
+          w.difference_key: diff,
           "holds": diff >= 0,
         }
       )
     if {cd2, "ssgd"} <= set(summaries):
-      diff = 100 * (mean(cd2) - mean("ssgd"))
+      diff = w.advantage(mean(cd2), mean("ssgd"))
       checks.append(
         {
-          "claim": f"CD-SGD (k=2) within {SSGD_PP} points of S-SGD{at}",
-          "difference_pp": diff,
-          "holds": diff >= -SSGD_PP,
+          "claim": f"CD-SGD (k=2) within {w.tolerance(SSGD_PP):g} {w.unit} of "
+          f"S-SGD{at}",
+          w.difference_key: diff,
+          "holds": w.within(mean(cd2), mean("ssgd"), SSGD_PP),
         }
       )
     ks = [k for k in KS if f"cdsgd_k{k}{suffix}" in summaries]
     if len(ks) > 1:
       acc = [mean(f"cdsgd_k{k}{suffix}") for k in ks]
-      rises = [100 * (b - a) for a, b in zip(acc, acc[1:], strict=False) if b > a]
+      rises = [
+        w.advantage(b, a) for a, b in zip(acc, acc[1:], strict=False) if w.better(b, a)
+      ]
       checks.append(
         {
-          "claim": "accuracy does not rise as k grows (k = "
+          "claim": f"{w.key} does not improve as k grows (k = "
           + ", ".join(map(str, ks))
           + f"){at}",
-          "accuracies": acc,
-          "largest_rise_pp": max(rises, default=0.0),
+          "values": acc,
+          f"largest_rise_{w.suffix}": max(rises, default=0.0),
           "holds": not rises,
         }
       )
@@ -212,55 +260,72 @@ def run(
   eval_every: int = 100,
   out_dir: str = "bench_out",
   docs_png: str | Path | None = None,
+  workload: Workload = DIGITS,
 ) -> dict[str, Any]:
-  """Runs the suite, prints its tables, writes ``cdsgd.{json,md,png}``."""
+  """Runs the suite, prints its tables, writes ``cdsgd.{json,md,png}``.
+
+  The suite's own methods (those equal to :data:`METHODS`' of their label)
+  are rebuilt for ``workload`` by :func:`methods_for`; others run as given.
+  """
   import gradcomp
   from gradcomp.bench.compress import machine_info
 
+  w = workload
+  per_worker = w.config().global_batch_size // WORKERS
+  table = methods_for(w, per_worker)
   methods = schemes.check_run(
-    methods or [METHODS[m] for m in DEFAULT_METHODS], seeds, steps, eval_every
+    [
+      table[m.label] if METHODS.get(m.label) == m else m
+      for m in (methods or [METHODS[m] for m in DEFAULT_METHODS])
+    ],
+    seeds,
+    steps,
+    eval_every,
   )
   runs_dir = Path(out_dir) / "cdsgd_runs"
   eval_steps = sorted({*range(eval_every, steps + 1, eval_every), steps})
   t_start = time.perf_counter()
   info = machine_info()
   schemes._log(
-    f"{len(methods)} methods x {seeds} seeds x {steps} steps on digits, "
+    f"{len(methods)} methods x {seeds} seeds x {steps} steps on {w.name}, "
     f"{WORKERS} workers ({info['backend']}), {info['cpu_count']} CPUs"
   )
   per_method: dict[str, list[dict[str, Any]]] = {m.label: [] for m in methods}
   for seed in range(seeds):
     for m in methods:
-      config = schemes.configure(m, seed=seed, steps=steps, eval_every=eval_every)
+      config = schemes.configure(
+        m, seed=seed, steps=steps, eval_every=eval_every, workload=w
+      )
       workdir = runs_dir / m.label / f"seed{seed}"
       r = schemes._train(config, workdir)
       rows = r.pop("rows")
       r["seed"] = seed
-      r["curve"] = schemes._curve(rows, eval_steps)
-      evals = {row["step"]: row for row in rows if "eval_accuracy" in row}
-      r["curve"]["global_accuracy"] = [
-        evals.get(s, {}).get("eval_global_accuracy") for s in eval_steps
+      r["curve"] = schemes._curve(rows, eval_steps, w)
+      evals = {row["step"]: row for row in rows if "eval_loss" in row}
+      r["curve"][f"global_{w.key}"] = [
+        None
+        if "eval_global_loss" not in evals.get(s, {})
+        else w.value(evals[s], "eval_global")
+        for s in eval_steps
       ]
       r["step_seconds"] = _step_seconds(rows, config.global_batch_size)
       per_method[m.label].append(r)
       schemes._log(
-        f"{m.label} seed {seed}: accuracy {r['curve']['eval_accuracy'][-1]:.4f}, "
+        f"{m.label} seed {seed}: {w.key} {r['curve'][f'eval_{w.key}'][-1]:.4f}, "
         f"{r['wire_bytes_per_step']:,.0f} B/step, "
         f"{1e3 * (r['step_seconds'] or np.nan):.2f} ms/step"
       )
   summaries = {}
   for label, rs in per_method.items():
     curves = [r["curve"] for r in rs]
-    acc = np.asarray([c["eval_accuracy"] for c in curves], float)
-    glob = [c["global_accuracy"][-1] for c in curves]
+    acc = np.asarray([c[f"eval_{w.key}"] for c in curves], float)
+    glob = [c[f"global_{w.key}"][-1] for c in curves]
     summaries[label] = {
       "step": eval_steps,
-      "accuracy_mean": acc.mean(0).tolist(),
-      "final_accuracy": _stats(acc[:, -1]),
-      "final_global_accuracy": None if None in glob else _stats(glob),
-      "final_worker_accuracy_min": _stats(
-        [c["worker_accuracy_min"][-1] for c in curves]
-      ),
+      f"{w.key}_mean": acc.mean(0).tolist(),
+      f"final_{w.key}": _stats(acc[:, -1]),
+      f"final_global_{w.key}": None if None in glob else _stats(glob),
+      f"final_{w.worker_key}": _stats([c[w.worker_key][-1] for c in curves]),
       "wire_bytes_per_step": rs[0]["wire_bytes_per_step"],
       "step_seconds": _stats([r["step_seconds"] for r in rs]),
     }
@@ -268,20 +333,27 @@ def run(
   result = {
     "suite": "cdsgd",
     "machine": info,
-    "config": "configs/default.py (fusion.plan='single')",
+    "workload": w.describe(),
+    "config": f"{w.config_file} (fusion.plan='single')",
     "workers": WORKERS,
     "steps": steps,
     "seeds": seeds,
-    "local_learning_rate": LOCAL_LR,
+    "local_learning_rate": w.local_learning_rate,
     "warmup_steps": WARMUP,
-    "threshold_mxnet_units": THRESHOLD,
-    "message_scale": PER_WORKER_BATCH,
+    "threshold_mxnet_units": w.threshold * per_worker,
+    "thresholds_mxnet_units": [
+      w.threshold * per_worker,
+      w.threshold * per_worker / SMALL_FACTOR,
+    ],
+    "message_scale": per_worker,
     "methods": {m.label: dataclasses.asdict(m) for m in methods},
     "results": {
       label: {"summary": summaries[label], "runs": per_method[label]}
       for label in per_method
     },
-    "claims": accuracy_checks(summaries),
+    "claims": accuracy_checks(
+      summaries, w, (w.threshold * per_worker, w.threshold * per_worker / SMALL_FACTOR)
+    ),
     "measured_vs_model": measured_vs_model(steps_measured),
     "table2": cdsgd_time.table2_rows(),
     "fig10": cdsgd_time.fig10_rows(),
@@ -293,22 +365,23 @@ def run(
   return result
 
 
-def _pct(stats: Mapping[str, Any] | None) -> str:
-  if not stats:
-    return "-"
-  if stats.get("std") is None:  # One seed.
-    return f"{100 * stats['mean']:.2f}"
-  return f"{100 * stats['mean']:.2f} ± {100 * stats['std']:.2f}"
+def _thresholds(result: Mapping[str, Any]) -> list[float]:
+  """The two settings' thresholds (MXNet units) of a result."""
+  return result.get("thresholds_mxnet_units", [THRESHOLD, SMALL_THRESHOLD])
 
 
 def format_tables(result: Mapping[str, Any]) -> str:
-  """Markdown: accuracy, claims, measured steps, and the simulated tables."""
+  """Markdown: the metric, claims, measured steps, and the simulated tables."""
+  w = workloads.get(result.get("workload"))
+  unit = "%" if w.higher_is_better else "bits/byte"
+  title = "Accuracy" if w.higher_is_better else "Bits per byte"
+  name = "digits" if w.name == "digits" and not w.overrides else w.heading()
   lines = [
-    f"### Accuracy: digits, {result['workers']} workers, {result['steps']} steps, "
+    f"### {title}: {name}, {result['workers']} workers, {result['steps']} steps, "
     f"{result['seeds']} seeds",
     "",
-    "| method | final accuracy, local avg (%) | global weights (%) | worst worker (%) "
-    "| bytes/step |",
+    f"| method | final {w.key}, local avg ({unit}) | global weights ({unit}) "
+    f"| {w.worker_title} ({unit}) | bytes/step |",
     "| --- | ---: | ---: | ---: | ---: |",
   ]
   for label, r in result["results"].items():
@@ -316,15 +389,17 @@ def format_tables(result: Mapping[str, Any]) -> str:
     if label == "compute_only":
       continue
     lines.append(
-      f"| {label} | {_pct(s['final_accuracy'])} | {_pct(s['final_global_accuracy'])} "
-      f"| {_pct(s['final_worker_accuracy_min'])} | {s['wire_bytes_per_step']:,.0f} |"
+      f"| {label} | {w.fmt_stats(s[f'final_{w.key}'])} "
+      f"| {w.fmt_stats(s[f'final_global_{w.key}'])} "
+      f"| {w.fmt_stats(s[f'final_{w.worker_key}'])} | {s['wire_bytes_per_step']:,.0f} |"
     )
   lines += ["", "| claim | measured | holds |", "| --- | --- | --- |"]
+  digits = 3 if w.from_loss else 2
   for c in result["claims"]:
     what = (
-      f"{c['difference_pp']:+.2f} pp"
-      if "difference_pp" in c
-      else ", ".join(f"{100 * a:.2f}" for a in c["accuracies"])
+      f"{c[w.difference_key]:+.{digits}f} {w.unit}"
+      if w.difference_key in c
+      else ", ".join(w.fmt(a) for a in c["values"])
     )
     lines.append(f"| {c['claim']} | {what} | {'yes' if c['holds'] else 'no'} |")
   if result["measured_vs_model"]:
@@ -346,37 +421,41 @@ def format_tables(result: Mapping[str, Any]) -> str:
 
 
 def plot(result: Mapping[str, Any], path: str | Path) -> Path:
-  """Accuracy curves, final accuracy against k, and Table 2 next to the paper."""
+  """Metric curves, final metric against k, and Table 2 next to the paper."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  w = workloads.get(result.get("workload"))
+  unit = "%" if w.higher_is_better else "bits/byte"
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
   ax = axes[0]
   for label, r in result["results"].items():
     if label == "compute_only":
       continue
     s = r["summary"]
-    ax.plot(s["step"], 100 * np.asarray(s["accuracy_mean"]), label=label)
-  ax.set(xlabel="step", ylabel="test accuracy (%), mean over seeds", ylim=(80, 100))
+    ax.plot(s["step"], w.scale * np.asarray(s[f"{w.key}_mean"]), label=label)
+  ax.set(xlabel="step", ylabel=f"{w.metric} ({unit}), mean over seeds")
+  if w.higher_is_better:
+    ax.set_ylim(80, 100)
   ax.axvline(result["warmup_steps"], color="grey", lw=0.8, ls=":")
   ax.legend(fontsize=7)
-  ax.set_title("digits, 8 workers")
+  ax.set_title(f"{w.name}, 8 workers")
   ax = axes[1]
-  for suffix, threshold in (("", THRESHOLD), (SMALL_SUFFIX, SMALL_THRESHOLD)):
+  for suffix, threshold in zip(("", SMALL_SUFFIX), _thresholds(result), strict=True):
     points = [
-      (k, result["results"][f"cdsgd_k{k}{suffix}"]["summary"]["final_accuracy"])
+      (k, result["results"][f"cdsgd_k{k}{suffix}"]["summary"][f"final_{w.key}"])
       for k in KS
       if f"cdsgd_k{k}{suffix}" in result["results"]
     ]
     if points:
       ax.errorbar(
         [k for k, _ in points],
-        [100 * a["mean"] for _, a in points],
-        yerr=[100 * (a["std"] or 0) for _, a in points],
+        [w.scale * a["mean"] for _, a in points],
+        yerr=[w.scale * (a["std"] or 0) for _, a in points],
         marker="o",
-        label=f"CD-SGD, threshold {threshold}",
+        label=f"CD-SGD, threshold {threshold:g}",
       )
       ax.set_xscale("log")
       ax.set_xticks(KS, [str(k) for k in KS])
@@ -389,13 +468,13 @@ def plot(result: Mapping[str, Any], path: str | Path) -> Path:
   ):
     if label in result["results"]:
       ax.axhline(
-        100 * result["results"][label]["summary"]["final_accuracy"]["mean"],
+        w.scale * result["results"][label]["summary"][f"final_{w.key}"]["mean"],
         ls=style,
         color="grey",
         label=label,
       )
   ax.set(xlabel="k (one full-precision message in k)")
-  ax.set(ylabel="final test accuracy (%)")
+  ax.set(ylabel=f"final {w.metric} ({unit})")
   ax.legend(fontsize=7)
   ax.set_title("k-step correction (§4.3)")
   cdsgd_time.plot_table2(axes[2], result["table2"])

@@ -13,6 +13,19 @@ real training program, ``train.train.train_and_evaluate``, on config overrides:
 * **resnet20** (``configs/resnet20_cifar10.py`` on synthetic data): a few
   steps per method, one seed, for throughput (samples/s) only.
 
+**Workloads** (``--workload``, :mod:`gradcomp.bench.workloads`). The seeded
+runs above are ``digits`` by default; ``--workload gpt_tiny`` runs the same
+methods on ``configs/gpt_tiny.py`` (the 2-layer GPT on bytes of text, AdamW)
+and reports the final validation bits per byte (lower is better) in place of
+accuracy. Under AdamW a method's ``optimizer`` fields, tuned for digits' SGD
+with momentum (DGC's momentum 0, signSGD's lr 1e-4), are not applied: every
+method trains with the config's AdamW, as in the transformer suite. The kept
+fraction stays :data:`RATIO` and Sketch-Fusion's plan ``auto`` (measured
+once per process). The target check becomes: Sketch-Fusion's mean final bpb
+at most ``workloads.BPB_MARGIN`` = 0.1 bits per byte above dense's. Samples
+are then windows of ``dataset.context`` bytes. The ResNet-20 throughput part
+is the same for either workload (its own config, the methods as listed).
+
 Runs go seed-major (every method once, then the next seed), so drift of a
 shared machine's load spreads over methods. The auto plan's profile is
 measured once per process (``gradcomp.fusion.profile_for`` caches it), so the later
@@ -48,7 +61,9 @@ from typing import Any
 
 import numpy as np
 
+from gradcomp.bench import workloads
 from gradcomp.bench.output import write_json
+from gradcomp.bench.workloads import DIGITS, Workload
 
 #: Kept fraction of top-k, DGC and sketch_topk: the default config's 0.05 (0.01
 #: diverged on the 9.6K-parameter MLP), the same for all three.
@@ -137,9 +152,17 @@ METHODS: dict[str, Method] = {
 
 
 def _digits_config():
-  from configs import default
+  return DIGITS.config()
 
-  return default.get_config()
+
+def for_workload(method: Method, workload: Workload) -> Method:
+  """``method`` as it runs on ``workload``: without its optimizer fields
+  unless the workload trains with SGD (module docstring)."""
+  if workload.sgd or not method.optimizer:
+    return method
+  return dataclasses.replace(
+    method, optimizer={}, why=method.why + " (its SGD fields not applied: AdamW)"
+  )
 
 
 def _resnet20_config():
@@ -183,13 +206,16 @@ def configure(
   return config
 
 
-def eval_curve(rows: Sequence[Mapping[str, Any]], batch_size: int) -> dict[str, Any]:
+def eval_curve(
+  rows: Sequence[Mapping[str, Any]], batch_size: int, workload: Workload = DIGITS
+) -> dict[str, Any]:
   """The eval points of one run's ``metrics.jsonl`` rows, with their time.
 
-  ``train_seconds`` at step ``s`` is the sum over throughput rows up to ``s``
-  of ``(step - previous step) * batch_size / samples_per_sec`` (interpolated
-  in the step between rows); a row without a rate (``null``) takes the run's
-  mean rate.
+  ``eval_{workload.key}`` is the workload's metric (``eval_accuracy`` on
+  digits). ``train_seconds`` at step ``s`` is the sum over throughput rows up
+  to ``s`` of ``(step - previous step) * batch_size / samples_per_sec``
+  (interpolated in the step between rows); a row without a rate (``null``)
+  takes the run's mean rate.
   """
   train_rows = sorted(
     (r for r in rows if "samples_per_sec" in r), key=lambda r: r["step"]
@@ -203,10 +229,10 @@ def eval_curve(rows: Sequence[Mapping[str, Any]], batch_size: int) -> dict[str, 
     rates = np.where(known, rates, deltas[known].sum() / (deltas / rates)[known].sum())
   seconds = np.concatenate([[0.0], np.cumsum(deltas * batch_size / rates)])
   steps = [0] + [r["step"] for r in train_rows]
-  evals = [r for r in rows if "eval_accuracy" in r]
+  evals = [r for r in rows if "eval_loss" in r]
   curve = {
     "step": [r["step"] for r in evals],
-    "eval_accuracy": [r["eval_accuracy"] for r in evals],
+    f"eval_{workload.key}": [workload.value(r) for r in evals],
     "eval_loss": [r["eval_loss"] for r in evals],
     "train_seconds": [float(np.interp(r["step"], steps, seconds)) for r in evals],
   }
@@ -222,7 +248,7 @@ def elapsed_at_evals(rows: Sequence[Mapping[str, Any]]) -> list[float]:
   from train import logs
 
   elapsed = logs.elapsed_seconds(list(rows))
-  return [e for r, e in zip(rows, elapsed, strict=True) if "eval_accuracy" in r]
+  return [e for r, e in zip(rows, elapsed, strict=True) if "eval_loss" in r]
 
 
 def throughput(rows: Sequence[Mapping[str, Any]], batch_size: int, skip: int) -> float:
@@ -279,19 +305,26 @@ def _stats(values: Sequence[float]) -> dict[str, Any]:
   }
 
 
-def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-  """Mean / min / max over seeds of the eval curves of one method's runs."""
+def summarize(
+  runs: Sequence[Mapping[str, Any]], workload: Workload = DIGITS
+) -> dict[str, Any]:
+  """Mean / min / max over seeds of the eval curves of one method's runs.
+
+  Keys name the workload's metric: ``final_accuracy``, ``accuracy_mean`` on
+  digits; ``final_bpb``, ``bpb_mean`` on gpt_tiny.
+  """
+  key = workload.key
   curves = [r["curve"] for r in runs]
   steps = curves[0]["step"]
   if any(c["step"] != steps for c in curves):
     raise ValueError("runs of one method evaluated at different steps")
-  acc = np.asarray([c["eval_accuracy"] for c in curves])
+  acc = np.asarray([c[f"eval_{key}"] for c in curves])
   out = {
     "step": steps,
-    "accuracy_mean": acc.mean(0).tolist(),
-    "accuracy_min": acc.min(0).tolist(),
-    "accuracy_max": acc.max(0).tolist(),
-    "final_accuracy": _stats(acc[:, -1]),
+    f"{key}_mean": acc.mean(0).tolist(),
+    f"{key}_min": acc.min(0).tolist(),
+    f"{key}_max": acc.max(0).tolist(),
+    f"final_{key}": _stats(acc[:, -1]),
     "final_loss": _stats([c["eval_loss"][-1] for c in curves]),
   }
   for key in ("train_seconds", "elapsed_seconds"):
@@ -302,20 +335,31 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   return out
 
 
-def target_check(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
-  """Sketch-Fusion's mean final accuracy against dense's; ``None`` if one is absent."""
+def target_check(
+  summaries: Mapping[str, Mapping[str, Any]], workload: Workload = DIGITS
+) -> dict[str, Any] | None:
+  """Sketch-Fusion's mean final metric against dense's; ``None`` if one is absent.
+
+  On digits: at most :data:`TARGET_PP` points of accuracy below dense's
+  (``difference_pp``); on gpt_tiny at most ``workloads.BPB_MARGIN`` bits per
+  byte above (``difference_bpb``: dense's bpb minus Sketch-Fusion's).
+  """
   if not {"dense", "sketch_fusion"} <= set(summaries):
     return None
-  dense = summaries["dense"]["final_accuracy"]["mean"]
-  sketch = summaries["sketch_fusion"]["final_accuracy"]["mean"]
-  diff = 100 * (sketch - dense)
+  w = workload
+  dense = summaries["dense"][f"final_{w.key}"]["mean"]
+  sketch = summaries["sketch_fusion"][f"final_{w.key}"]["mean"]
+  tol = w.tolerance(TARGET_PP)
+  worse = "below" if w.higher_is_better else "above"
   return {
-    "rule": f"sketch_fusion mean final accuracy >= dense's - {TARGET_PP} pp",
+    "rule": f"sketch_fusion mean final {w.metric} at most {tol:g} {w.unit} "
+    f"{worse} dense's",
     "dense": dense,
     "sketch_fusion": sketch,
-    "difference_pp": diff,
-    "tolerance_pp": TARGET_PP,
-    "passed": bool(diff >= -TARGET_PP),
+    w.difference_key: w.advantage(sketch, dense),
+    "tolerance": tol,
+    "unit": w.unit,
+    "passed": w.within(sketch, dense, TARGET_PP),
   }
 
 
@@ -332,24 +376,30 @@ def run(
   throughput_skip: int = 2,
   throughput_methods: Sequence[Method] | None = None,
   out_dir: str = "bench_out",
+  workload: Workload = DIGITS,
 ) -> dict[str, Any]:
   """Runs the suite, prints its tables, writes ``convergence.{json,md,png}``.
 
   Args:
     methods: the curves (default: all of :data:`METHODS`).
-    seeds: digits runs per method, seeds ``0 .. seeds - 1``.
-    steps: training steps of each digits run.
-    eval_every: digits eval (and throughput log) interval, in steps.
+    seeds: seeded runs per method, seeds ``0 .. seeds - 1``.
+    steps: training steps of each seeded run.
+    eval_every: eval (and throughput log) interval, in steps.
     throughput_steps: steps of each ResNet-20 run; 0 skips ResNet-20.
     throughput_skip: first steps of a ResNet-20 run left out of samples/s.
     throughput_methods: the ResNet-20 runs (default: ``methods``).
     out_dir: where the outputs and the runs' workdirs go.
+    workload: the seeded runs' base config and metric (its overrides
+      included); its name keys the result (``result["digits"]``).
   """
   import jax
 
   from gradcomp.bench.compress import machine_info
 
+  w = workload
   methods = list(METHODS.values()) if methods is None else list(methods)
+  throughput_methods = methods if throughput_methods is None else throughput_methods
+  methods = [for_workload(m, w) for m in methods]
   for name, value in (("seeds", seeds), ("steps", steps), ("eval_every", eval_every)):
     if value < 1:
       raise ValueError(f"{name} must be >= 1, got {value}")
@@ -357,56 +407,55 @@ def run(
   t_start = time.perf_counter()
   info = machine_info()
   _log(
-    f"{len(methods)} methods x {seeds} seeds x {steps} steps on digits, "
+    f"{len(methods)} methods x {seeds} seeds x {steps} steps on {w.name}, "
     f"{jax.device_count()} workers ({info['backend']}), {info['cpu_count']} CPUs"
   )
-  digits_batch = _digits_config().global_batch_size
+  batch = w.config().global_batch_size
   per_method: dict[str, list[dict[str, Any]]] = {m.label: [] for m in methods}
   for seed in range(seeds):
     for m in methods:
-      config = configure(
-        _digits_config, m, seed=seed, steps=steps, eval_every=eval_every
-      )
-      r = run_one(config, runs_dir / "digits" / m.label / f"seed{seed}")
+      config = configure(w.config, m, seed=seed, steps=steps, eval_every=eval_every)
+      r = run_one(config, runs_dir / w.name / m.label / f"seed{seed}")
       r["seed"] = seed
-      r["curve"] = eval_curve(r["rows"], digits_batch)
+      r["curve"] = eval_curve(r["rows"], batch, w)
       r["curve"]["elapsed_seconds"] = elapsed_at_evals(r["rows"])
-      r["samples_per_sec"] = throughput(r["rows"], digits_batch, skip=0)
+      r["samples_per_sec"] = throughput(r["rows"], batch, skip=0)
       del r["rows"]
       per_method[m.label].append(r)
       _log(
-        f"digits {m.label} seed {seed}: accuracy "
-        f"{r['final']['eval_accuracy']:.4f}, {r['run_seconds']:.1f} s"
+        f"{w.name} {m.label} seed {seed}: {w.key} "
+        f"{r['curve'][f'eval_{w.key}'][-1]:.4f}, {r['run_seconds']:.1f} s"
       )
-  summaries = {label: summarize(rs) for label, rs in per_method.items()}
-  digits = {
-    "config": "configs/default.py",
+  summaries = {label: summarize(rs, w) for label, rs in per_method.items()}
+  seeded = {
+    "config": w.config_file,
+    "overrides": dict(w.overrides),
     "steps": steps,
     "eval_every": eval_every,
-    "global_batch_size": digits_batch,
+    "global_batch_size": batch,
     "seeds": seeds,
     "methods": {
       label: {"summary": summaries[label], "runs": per_method[label]}
       for label in per_method
     },
-    "target": target_check(summaries),
+    "target": target_check(summaries, w),
   }
   resnet = None
   if throughput_steps > 0:
-    if throughput_methods is None:
-      throughput_methods = list(methods)
     resnet = _resnet20_throughput(
       throughput_methods, throughput_steps, throughput_skip, runs_dir
     )
     resnet["skipped"] = {
       m.label: "not selected" for m in methods if m.label not in resnet["methods"]
     }
-  every = {m.label: m for m in (*methods, *(throughput_methods or ()))}
+  # The seeded runs' methods (as adapted to the workload) win a shared label.
+  every = {m.label: m for m in (*throughput_methods, *methods)}
   result = {
     "suite": "convergence",
     "machine": info,
+    "workload": w.describe(),
     "methods": {label: dataclasses.asdict(m) for label, m in every.items()},
-    "digits": digits,
+    w.name: seeded,
     "resnet20": resnet,
     "wall_s": time.perf_counter() - t_start,
     "loadavg_end": list(os.getloadavg()),
@@ -457,31 +506,32 @@ def _hp(m: Mapping[str, Any]) -> str:
 
 def format_tables(result: Mapping[str, Any]) -> str:
   """Markdown tables of a :func:`run` result."""
-  d, mi = result["digits"], result["machine"]
+  w = workloads.get(result.get("workload"))
+  d, mi = result[w.name], result["machine"]
+  unit = "%" if w.higher_is_better else "bits/byte"
   time_note = (
     "train s: steps x batch / logged samples/s, training steps only "
     "(no compile, eval, checkpoint)"
   )
   lines = [
-    f"digits MLP, {mi['device_count']} workers ({mi['backend']}), {d['steps']} "
-    f"steps of {d['global_batch_size']}, {d['seeds']} seeds; final eval accuracy "
+    f"{w.heading()}, {mi['device_count']} workers ({mi['backend']}), {d['steps']} "
+    f"steps of {d['global_batch_size']}, {d['seeds']} seeds; final {w.metric} "
     f"mean ± std over seeds (ddof=1); {time_note}; elapsed s: wall time from "
     f"the run's start row (train.logs.elapsed_seconds: compile, evals and "
     f"checkpoint included)",
     "",
-    "| method | compressor | plan (groups) | hyper-parameters | final accuracy "
-    "| min - max | train s | elapsed s | samples/s | wire bytes/step |",
+    f"| method | compressor | plan (groups) | hyper-parameters | final {w.key} "
+    f"({unit}) | min - max | train s | elapsed s | samples/s | wire bytes/step |",
     "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
   ]
   for label, entry in d["methods"].items():
     s, m, run0 = entry["summary"], result["methods"][label], entry["runs"][0]
-    fa = s["final_accuracy"]
-    std = "" if fa["std"] is None else f" ± {100 * fa['std']:.2f}"
+    fa = s[f"final_{w.key}"]
     secs = s["train_seconds_mean"][-1]
     lines.append(
       f"| {label} | {m['compressor']} | {m['plan']} ({run0['groups'] or '-'}) "
-      f"| {_hp(m)} | {100 * fa['mean']:.2f}{std} "
-      f"| {100 * fa['min']:.2f} - {100 * fa['max']:.2f} | {secs:.2f} "
+      f"| {_hp(m)} | {w.fmt_stats(fa)} "
+      f"| {w.fmt(fa['min'])} - {w.fmt(fa['max'])} | {secs:.2f} "
       f"| {s['elapsed_seconds_mean'][-1]:.2f} "
       f"| {s['samples_per_sec']['mean']:,.0f} | {run0['wire_bytes_per_step']:,} |"
     )
@@ -489,9 +539,10 @@ def format_tables(result: Mapping[str, Any]) -> str:
   if t is not None:
     lines += [
       "",
-      f"target: Sketch-Fusion {100 * t['sketch_fusion']:.2f}% vs dense "
-      f"{100 * t['dense']:.2f}%: {t['difference_pp']:+.2f} pp (tolerance "
-      f"-{t['tolerance_pp']} pp): {'PASS' if t['passed'] else 'FAIL'}",
+      f"target: Sketch-Fusion {w.fmt(t['sketch_fusion'])} vs dense "
+      f"{w.fmt(t['dense'])} {unit}: {t[w.difference_key]:+.{3 if w.from_loss else 2}f} "
+      f"{w.unit} better (tolerance -{t['tolerance']:g} {w.unit}): "
+      f"{'PASS' if t['passed'] else 'FAIL'}",
     ]
   r = result["resnet20"]
   if r is not None:
@@ -520,26 +571,28 @@ def plot(result: Mapping[str, Any], path: str | Path) -> Path:
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
 
-  d = result["digits"]
+  w = workloads.get(result.get("workload"))
+  d, key = result[w.name], w.key
   fig = Figure(figsize=(11, 4.2), layout="constrained")
   FigureCanvasAgg(fig)
   by_step, by_time = fig.subplots(1, 2, sharey=True)
   for label, entry in d["methods"].items():
     s = entry["summary"]
     for ax, x in ((by_step, s["step"]), (by_time, s["train_seconds_mean"])):
-      (line,) = ax.plot(x, s["accuracy_mean"], marker=".", label=label)
+      (line,) = ax.plot(x, s[f"{key}_mean"], marker=".", label=label)
       ax.fill_between(
-        x, s["accuracy_min"], s["accuracy_max"], color=line.get_color(), alpha=0.2
+        x, s[f"{key}_min"], s[f"{key}_max"], color=line.get_color(), alpha=0.2
       )
-  by_step.set(xlabel="step", ylabel="eval accuracy")
+  by_step.set(xlabel="step", ylabel=w.axis_label)
   by_time.set(xlabel="seconds of training steps (from samples/s)")
-  lo = min(min(e["summary"]["accuracy_min"]) for e in d["methods"].values())
-  by_step.set_ylim(max(lo - 0.01, 0.0), 1.0)
+  if w.higher_is_better:  # Accuracy: up to 1; a loss metric autoscales.
+    lo = min(min(e["summary"][f"{key}_min"]) for e in d["methods"].values())
+    by_step.set_ylim(max(lo - 0.01, 0.0), 1.0)
   for ax in (by_step, by_time):
     ax.grid(alpha=0.3)
-  by_step.legend(loc="lower right")
+  by_step.legend(loc="lower right" if w.higher_is_better else "upper right")
   fig.suptitle(
-    f"digits MLP, {result['machine']['device_count']} workers: mean of "
+    f"{w.title}, {result['machine']['device_count']} workers: mean of "
     f"{d['seeds']} seeds, band min-max (paper 000 Fig. 6 analogue)"
   )
   path = Path(path)

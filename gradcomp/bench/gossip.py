@@ -116,6 +116,18 @@ its ratio to ``allreduce``'s.
   a consensus distance above zero, so "reaches consensus" is read as
   bounded and shrinking, not zero.
 
+**Workloads** (``--workload``, :mod:`gradcomp.bench.workloads`): the above is
+``digits``, the default. ``--workload gpt_tiny`` runs the same methods (the
+same graphs, codecs and CHOCO gammas: the digits sweep's, as the transformer
+suite's ``choco_ring`` does; not re-swept) on ``configs/gpt_tiny.py``, AdamW
+the local optimizer of every worker, and reports the final validation bits
+per byte (lower is better) of the average model and the workers' mean in
+place of the worst worker's accuracy. The target is then ``allreduce``'s mean
+final bpb plus ``workloads.BPB_MARGIN`` = 0.1 bits per byte (the transformer
+suite's rule), and CHOCO's accuracy claim allows 0.1 bits per byte above
+``dpsgd_ring``; the consensus and SGP claims are unchanged. ``--gamma-sweep``
+stays on digits. The re-pricing is the same, from the runs' own FLOPs.
+
 Writes ``gossip.json``, ``gossip.md`` and ``gossip.png`` (accuracy against
 step; consensus distance against step, log; accuracy against simulated
 seconds on 64 workers at 10 Gbps) to ``--out`` via
@@ -135,9 +147,10 @@ from typing import Any
 
 import numpy as np
 
-from gradcomp.bench import convergence, schemes
+from gradcomp.bench import schemes, workloads
 from gradcomp.bench.output import publish
 from gradcomp.bench.schemes import Method
+from gradcomp.bench.workloads import DIGITS, Workload
 
 WORKERS = schemes.WORKERS
 #: Log (consensus distance, simulated seconds) interval in steps.
@@ -282,10 +295,12 @@ def _consensus(rows: Sequence[Mapping[str, Any]]) -> dict[str, list]:
 
 
 def summarize(
-  runs: Sequence[Mapping[str, Any]], sim: Mapping[str, np.ndarray]
+  runs: Sequence[Mapping[str, Any]],
+  sim: Mapping[str, np.ndarray],
+  workload: Workload = DIGITS,
 ) -> dict[str, Any]:
   """:func:`schemes.summarize` and the consensus distance over time."""
-  out = schemes.summarize(runs, sim)
+  out = schemes.summarize(runs, sim, workload)
   steps = runs[0]["consensus"]["step"]
   if steps and all(r["consensus"]["step"] == steps for r in runs):
     d = np.asarray([r["consensus"]["distance"] for r in runs])
@@ -304,11 +319,12 @@ def add_time_to_target(
   summaries: Mapping[str, dict[str, Any]],
   accuracy: Mapping[str, np.ndarray],
   threshold: float,
+  workload: Workload = DIGITS,
 ) -> None:
   """Per method and cluster, in place: the time to ``threshold`` and ratios.
 
   ``sim[cluster]["target"]`` is :func:`schemes._reach` of the method's
-  per-seed accuracy (``accuracy[label]``, shape ``(seeds, evals)``) at the
+  per-seed metric (``accuracy[label]``, shape ``(seeds, evals)``) at the
   simulated seconds of its evals; ``"ratio"`` its mean over
   :data:`BASELINE`'s (``None`` if either reaches it in no seed);
   ``"step_ratio"`` the ratio of the runs' end times (of the step times).
@@ -316,7 +332,7 @@ def add_time_to_target(
   for label, s in summaries.items():
     for sim in s["sim"].values():
       sim["target"] = schemes._reach(
-        accuracy[label], np.asarray(sim["seconds"]), threshold
+        accuracy[label], np.asarray(sim["seconds"]), threshold, workload
       )
   base = summaries.get(BASELINE)
   for s in summaries.values():
@@ -331,8 +347,11 @@ def _ratio(s: Mapping[str, Any], name: str) -> float | None:
   return s["sim"][name]["ratio"]
 
 
-def claim_checks(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def claim_checks(
+  summaries: Mapping[str, Mapping[str, Any]], workload: Workload = DIGITS
+) -> list[dict[str, Any]]:
   """SGP's and CHOCO's readings (module docstring), where their methods ran."""
+  w = workload
   checks = []
   if {BASELINE, SGP_METHOD} <= set(summaries):
     sgp = summaries[SGP_METHOD]
@@ -363,15 +382,14 @@ def claim_checks(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
       }
     )
   if {"choco_topk1", "dpsgd_ring"} <= set(summaries):
-    choco = summaries["choco_topk1"]["final_accuracy"]["mean"]
-    dense = summaries["dpsgd_ring"]["final_accuracy"]["mean"]
-    diff = 100 * (choco - dense)
+    choco = summaries["choco_topk1"][f"final_{w.key}"]["mean"]
+    dense = summaries["dpsgd_ring"][f"final_{w.key}"]["mean"]
     checks.append(
       {
-        "claim": f"CHOCO: choco_topk1 mean final accuracy within {CHOCO_PP} "
-        "points of dpsgd_ring (same ring, dense)",
-        "difference_pp": diff,
-        "holds": bool(diff >= -CHOCO_PP),
+        "claim": f"CHOCO: choco_topk1 mean final {w.key} within "
+        f"{w.tolerance(CHOCO_PP):g} {w.unit} of dpsgd_ring (same ring, dense)",
+        w.difference_key: w.advantage(choco, dense),
+        "holds": w.within(choco, dense, CHOCO_PP),
       }
     )
   if {"choco_topk1", "q2_topk1"} <= set(summaries):
@@ -421,6 +439,7 @@ def _train_all(
   steps: int,
   eval_every: int,
   runs_dir: Path,
+  workload: Workload = DIGITS,
 ) -> tuple[dict[str, list[dict]], dict[str, dict]]:
   """Every method x seed (seed-major): runs with curves, and each method's pricing."""
   from train import pricing
@@ -431,14 +450,16 @@ def _train_all(
   described = clusters()
   for seed in seeds:
     for m in methods:
-      config = schemes.configure(m, seed=seed, steps=steps, eval_every=eval_every)
+      config = schemes.configure(
+        m, seed=seed, steps=steps, eval_every=eval_every, workload=workload
+      )
       # Eval steps stay logged steps: the curve reads their simulated seconds.
       config.log_every_steps = math.gcd(LOG_EVERY, eval_every)
       workdir = runs_dir / m.label / f"seed{seed}"
       r = schemes._train(config, workdir)
       rows = r.pop("rows")
       r["seed"] = seed
-      r["curve"] = schemes._curve(rows, eval_steps)
+      r["curve"] = schemes._curve(rows, eval_steps, workload)
       r["consensus"] = _consensus(rows)
       per_method[m.label].append(r)
       if m.label not in priced:  # The same for every seed.
@@ -451,8 +472,8 @@ def _train_all(
       stop = f" (stopped: {r['stopped'][:60]}...)" if r.get("stopped") else ""
       cd = r["curve"]["consensus_distance_end"]
       schemes._log(
-        f"{m.label} seed {seed}: accuracy {r['curve']['eval_accuracy'][-1]:.4f}, "
-        f"consensus {'-' if cd is None else f'{cd:.3g}'}, "
+        f"{m.label} seed {seed}: {workload.key} "
+        f"{r['curve'][f'eval_{workload.key}'][-1]:.4f}, consensus {'-' if cd is None else f'{cd:.3g}'}, "
         f"{r['wire_bytes_per_step'] or math.nan:,.0f} B/step, "
         f"{r['run_seconds']:.1f} s{stop}"
       )
@@ -466,6 +487,7 @@ def run(
   eval_every: int = 100,
   out_dir: str = "bench_out",
   docs_png: str | Path | None = None,
+  workload: Workload = DIGITS,
 ) -> dict[str, Any]:
   """Runs the suite, prints its tables, writes ``gossip.{json,md,png}``.
 
@@ -476,59 +498,63 @@ def run(
     eval_every: eval interval in steps; the last step is always evaluated.
     out_dir: where the outputs and the runs' workdirs go.
     docs_png: also copy ``gossip.png`` there, if given.
+    workload: the base config and metric (``gradcomp.bench.workloads``).
   """
   import gradcomp
   from gradcomp.bench.compress import machine_info
 
+  w = workload
   methods = schemes.check_run(
     methods or [METHODS[m] for m in DEFAULT_METHODS], seeds, steps, eval_every
   )
   t_start = time.perf_counter()
   info = machine_info()
   schemes._log(
-    f"gossip: {len(methods)} methods x {seeds} seeds x {steps} steps on digits, "
+    f"gossip: {len(methods)} methods x {seeds} seeds x {steps} steps on {w.name}, "
     f"{WORKERS} workers ({info['backend']}), {info['cpu_count']} CPUs"
   )
   per_method, priced = _train_all(
-    methods, range(seeds), steps, eval_every, Path(out_dir) / "gossip_runs"
+    methods, range(seeds), steps, eval_every, Path(out_dir) / "gossip_runs", w
   )
   summaries, accuracy = {}, {}
   for label, rs in per_method.items():
     inputs = priced[label]["inputs"]
     summaries[label] = {
-      **summarize(rs, priced[label]["sim"]),
+      **summarize(rs, priced[label]["sim"], w),
       "flops_per_step": inputs["flops_per_step"],
       "round_wire": inputs["round_wire"],
       "message_bytes": inputs.get("message_bytes"),
       "overlap": inputs.get("overlap"),
       "topology": inputs.get("topology"),
     }
-    accuracy[label] = np.asarray([r["curve"]["eval_accuracy"] for r in rs], float)
+    accuracy[label] = np.asarray([r["curve"][f"eval_{w.key}"] for r in rs], float)
   threshold = None
   if BASELINE in summaries:
-    threshold = summaries[BASELINE]["final_accuracy"]["mean"] - TARGET_PP / 100
-    add_time_to_target(summaries, accuracy, threshold)
+    threshold = w.target(summaries[BASELINE][f"final_{w.key}"]["mean"], TARGET_PP)
+    add_time_to_target(summaries, accuracy, threshold, w)
   described = clusters()
   result = {
     "suite": "gossip",
     "machine": info,
-    "config": "configs/default.py (fusion.plan='single')",
+    "workload": w.describe(),
+    "config": f"{w.config_file} (fusion.plan='single')",
     "workers": WORKERS,
     "steps": steps,
     "eval_every": eval_every,
     "log_every": math.gcd(LOG_EVERY, eval_every),
     "seeds": seeds,
-    "global_batch_size": convergence._digits_config().global_batch_size,
+    "global_batch_size": w.config().global_batch_size,
     "gamma": GAMMA,
     "clusters": {name: dataclasses.asdict(c) for name, c in described.items()},
     "target": threshold,
     "target_pp": TARGET_PP,
+    "target_tolerance": w.tolerance(TARGET_PP),
     "methods": {m.label: dataclasses.asdict(m) for m in methods},
     "results": {
       label: {"summary": summaries[label], "runs": per_method[label]}
       for label in per_method
     },
-    "claims": claim_checks(summaries),
+    "claims": claim_checks(summaries, w),
     "gradcomp_version": getattr(gradcomp, "__version__", None),
     "wall_s": time.perf_counter() - t_start,
     "loadavg_end": list(os.getloadavg()),
@@ -699,6 +725,9 @@ def workload_reading(
     "topk": 8 * TOPK_RATIO * values,
     "ef_signsgd": values / 8 + 4 * len(named),
   }
+  w = workloads.get(result.get("workload"))
+  if result["target"] is None or BASELINE not in result["results"]:
+    return []  # No all-reduce run: no target to reach, no reference.
   rows = []
   for n in PRICED_WORKERS:
     cluster = gradcomp.sim.Cluster(
@@ -706,8 +735,8 @@ def workload_reading(
     )
     for label, entry in result["results"].items():
       s, m = entry["summary"], result["methods"][label]
-      acc, steps = np.asarray(s["accuracy_mean"]), np.asarray(s["step"])
-      reached = np.flatnonzero(acc >= result["target"])
+      acc, steps = np.asarray(s[f"{w.key}_mean"]), np.asarray(s["step"])
+      reached = np.flatnonzero(w.reached(acc, result["target"]))
       scheme = m["scheme"]["name"]
       if scheme == "none":
         step = gradcomp.sim.synchronous_step_seconds(
@@ -745,18 +774,21 @@ def workload_reading(
 
 
 def format_tables(result: Mapping[str, Any]) -> str:
-  """Markdown: accuracy / consensus / bytes, simulated times, claims."""
+  """Markdown: metric / consensus / bytes, simulated times, claims."""
+  w = workloads.get(result.get("workload"))
+  unit = "%" if w.higher_is_better else "bits/byte"
   res = result["results"]
+  name = "Digits" if w.name == "digits" and not w.overrides else w.heading()
   lines = [
-    f"### Digits, {result['workers']} workers, {result['steps']} steps of "
+    f"### {name}, {result['workers']} workers, {result['steps']} steps of "
     f"{result['global_batch_size']}, {result['seeds']} seeds",
     "",
-    "Final eval accuracy (%), mean ± std over seeds (ddof=1), of the average "
-    "model and of the worst worker; consensus distance mean_w ||x_w - x_avg||^2 "
-    "at the last step (mean over seeds); bytes per worker.",
+    f"Final {w.metric} ({unit}), mean ± std over seeds (ddof=1), of the average "
+    f"model and of the {w.worker_title}; consensus distance mean_w ||x_w - "
+    "x_avg||^2 at the last step (mean over seeds); bytes per worker.",
     "",
     "| method | scheme | compressor | topology (spectral gap) | average model "
-    "| worst worker | consensus distance | bytes/step | message |",
+    f"| {w.worker_title} | consensus distance | bytes/step | message |",
     "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
   ]
   for label, entry in res.items():
@@ -774,20 +806,22 @@ def format_tables(result: Mapping[str, Any]) -> str:
     stopped = f" ({s['stopped']} stopped)" if s["stopped"] else ""
     message = s["message_bytes"]
     lines.append(
-      f"| {label} | {scheme} | {comp} | {topo} | {_pct(s['final_accuracy'])}"
-      f"{stopped} | {_pct(s['final_worker_accuracy_min'])} "
+      f"| {label} | {scheme} | {comp} | {topo} | {w.fmt_stats(s[f'final_{w.key}'])}"
+      f"{stopped} | {w.fmt_stats(s[f'final_{w.worker_key}'])} "
       f"| {'-' if cd is None else f'{cd:.3g}'} | {s['wire_bytes_per_step']:,.0f} "
       f"| {'-' if message is None else f'{message:,.0f}'} |"
     )
   names = list(result["clusters"])
   if result["target"] is not None:
+    sign = "-" if w.higher_is_better else "+"
+    tolerance = result.get("target_tolerance", result["target_pp"])
     lines += [
       "",
-      f"### Simulated time to {100 * result['target']:.2f} % ({BASELINE}'s "
-      f"mean final accuracy - {result['target_pp']:g} points)",
+      f"### Simulated time to {w.fmt(result['target'])} {unit} ({BASELINE}'s "
+      f"mean final {w.key} {sign} {tolerance:g} {w.unit})",
       "",
       "Re-priced from each run's sim.json on n workers (topology rebuilt for n; "
-      "8 TFLOP/s, 25 us latency); the accuracy per step is the 8-worker runs'. "
+      f"8 TFLOP/s, 25 us latency); the {w.key} per step is the 8-worker runs'. "
       f"Mean over the seeds reaching it at an eval (every {result['eval_every']} "
       f"steps), (ratio to {BASELINE}'s), (seeds reaching it if not all).",
       "",
@@ -827,38 +861,42 @@ def format_tables(result: Mapping[str, Any]) -> str:
       what = ", ".join(
         f"{n}: {'-' if r is None else f'{r:.3f}x'}" for n, r in c["ratios"].items()
       )
-    elif "difference_pp" in c:
-      what = f"{c['difference_pp']:+.2f} pp"
+    elif w.difference_key in c:
+      what = f"{c[w.difference_key]:+.{3 if w.from_loss else 2}f} {w.unit}"
     else:
       factor = "-" if c["factor"] is None else f"{c['factor']:.3g}x"
       trend = f"shrinks: {c['shrinks']}" if "shrinks" in c else f"grows: {c['grows']}"
       what = f"q2 / choco final distance {factor}; {trend}"
     lines.append(f"| {c['claim']} | {what} | {'yes' if c['holds'] else 'no'} |")
-  lines += [
-    "",
-    f"### What-if: each step a {WORKLOAD_MODEL} step (batch {WORKLOAD_BATCH} per "
-    "worker, V100s, 10 Gbps); steps to the target from the 8-worker runs",
-    "",
-    "| workers | method | step (ms) | steps to target | seconds to target "
-    "| vs all-reduce |",
-    "| ---: | --- | ---: | ---: | ---: | ---: |",
-  ]
-  for r in workload_reading(result):
-    to = "-" if r["seconds_to_target"] is None else f"{r['seconds_to_target']:.1f}"
-    ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
-    lines.append(
-      f"| {r['workers']} | {r['method']} | {r['step_ms']:.1f} | "
-      f"{r['steps_to_target'] or '-'} | {to} | {ratio} |"
-    )
+  what_if = workload_reading(result)
+  if what_if:
+    lines += [
+      "",
+      f"### What-if: each step a {WORKLOAD_MODEL} step (batch {WORKLOAD_BATCH} per "
+      "worker, V100s, 10 Gbps); steps to the target from the 8-worker runs",
+      "",
+      "| workers | method | step (ms) | steps to target | seconds to target "
+      "| vs all-reduce |",
+      "| ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in what_if:
+      to = "-" if r["seconds_to_target"] is None else f"{r['seconds_to_target']:.1f}"
+      ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+      lines.append(
+        f"| {r['workers']} | {r['method']} | {r['step_ms']:.1f} | "
+        f"{r['steps_to_target'] or '-'} | {to} | {ratio} |"
+      )
   return "\n".join(lines)
 
 
 def plot(result: Mapping[str, Any], path: str | Path) -> Path:
-  """Accuracy against step, consensus distance against step, accuracy against
+  """Metric against step, consensus distance against step, metric against
   simulated seconds on 64 workers at 10 Gbps."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
 
+  w = workloads.get(result.get("workload"))
+  key = w.key
   res = result["results"]
   fig = Figure(figsize=(16, 4.8), layout="constrained")
   FigureCanvasAgg(fig)
@@ -867,7 +905,7 @@ def plot(result: Mapping[str, Any], path: str | Path) -> Path:
   lows = [
     v
     for e in res.values()
-    for v in e["summary"]["accuracy_min"]
+    for v in e["summary"][f"{key}_min"]
     if math.isfinite(v) and v >= schemes.FLOOR
   ]
   bottom = math.floor(100 * min(lows, default=schemes.FLOOR)) / 100 - 0.01
@@ -876,9 +914,9 @@ def plot(result: Mapping[str, Any], path: str | Path) -> Path:
     x_time = s["sim"][timed]["seconds"]
     color = None
     for ax, x in ((by_step, s["step"]), (by_time, x_time)):
-      (line,) = ax.plot(x, s["accuracy_mean"], marker=".", label=label, color=color)
+      (line,) = ax.plot(x, s[f"{key}_mean"], marker=".", label=label, color=color)
       color = line.get_color()
-      ax.fill_between(x, s["accuracy_min"], s["accuracy_max"], color=color, alpha=0.12)
+      ax.fill_between(x, s[f"{key}_min"], s[f"{key}_max"], color=color, alpha=0.12)
     c = s["consensus"]
     if c is not None:
       consensus.plot(c["step"], c["mean"], label=label, color=color)
@@ -886,22 +924,25 @@ def plot(result: Mapping[str, Any], path: str | Path) -> Path:
   if result["target"] is not None:
     for ax in (by_step, by_time):
       ax.axhline(result["target"], color="grey", ls=":", lw=0.8)
-  by_step.set(xlabel="step", ylabel="eval accuracy (average model)")
-  by_step.set_ylim(max(bottom, 0.0), 1.0)
+  by_step.set(xlabel="step", ylabel=f"{w.axis_label} (average model)")
   by_time.set(
     xlabel=f"simulated seconds, {PRICED_WORKERS[-1]} workers, "
     f"{BANDWIDTHS_GBPS[-1]:g} Gbps (8-worker curves)",
     xscale="log",
   )
-  by_time.set_ylim(max(bottom, 0.0), 1.0)
+  if w.higher_is_better:  # Accuracy up to 1; a loss metric autoscales.
+    for ax in (by_step, by_time):
+      ax.set_ylim(max(bottom, 0.0), 1.0)
   consensus.set(
     xlabel="step", ylabel="consensus distance mean_w ||x_w - x_avg||^2", yscale="log"
   )
   for ax in (by_step, consensus, by_time):
     ax.grid(alpha=0.3, which="both")
-  by_step.legend(loc="lower right", fontsize="small")
+  by_step.legend(
+    loc="lower right" if w.higher_is_better else "upper right", fontsize="small"
+  )
   fig.suptitle(
-    f"digits MLP, {result['workers']} workers, {result['steps']} steps: mean of "
+    f"{w.title}, {result['workers']} workers, {result['steps']} steps: mean of "
     f"{result['seeds']} seeds, band min-max; dotted: the target"
   )
   path = Path(path)

@@ -119,9 +119,25 @@ def measured_profile(
 # -- simulation ------------------------------------------------------------------
 
 
+def batch_size(model: str) -> int:
+  """Per-worker batch of ``model``: Table 3's; for a model not in it
+  (``gpt2_small``), ``gradcomp.sim.model_workload.BATCH_SIZES``' (8 sequences
+  of 1,024 tokens: a sample is a sequence).
+
+  Raises:
+    ValueError: a model with neither.
+  """
+  from gradcomp.sim.model_workload import BATCH_SIZES
+
+  found = paper.TABLE3_BATCH.get(model, BATCH_SIZES.get(model))
+  if found is None:
+    raise ValueError(f"no batch size for model {model!r}")
+  return found
+
+
 def workload(model: str, source: str, paper_tflops: float | None = None):
   """The model's :class:`~gradcomp.fusion.ModelWorkload` for a cost source."""
-  batch = paper.TABLE3_BATCH[model]
+  batch = batch_size(model)
   if source == "paper":
     tflops = paper.v100_tflops() if paper_tflops is None else paper_tflops
   elif source == "measured":
@@ -363,9 +379,12 @@ def run(
       raise ValueError(
         f"unknown compressor {name!r}; valid: {list(SEARCH_COMPRESSORS)}"
       )
+  from gradcomp.sim.model_workload import BATCH_SIZES
+
+  valid = sorted({*paper.TABLE3_BATCH, *BATCH_SIZES})
   for model in models:
-    if model not in paper.TABLE3_BATCH:
-      raise ValueError(f"unknown model {model!r}; valid: {sorted(paper.TABLE3_BATCH)}")
+    if model not in valid:
+      raise ValueError(f"unknown model {model!r}; valid: {valid}")
   for source in sources:
     if source not in SOURCES:
       raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
@@ -380,7 +399,7 @@ def run(
       "bandwidth_gbps": bandwidth_gbps,
       "latency_us": latency_us,
       "topology": "ring",
-      "batch": {m: paper.TABLE3_BATCH[m] for m in models},
+      "batch": {m: batch_size(m) for m in models},
       "eps": eps,
       "layerfusion_plan": "heuristic_search (paper 000 §4.3)",
     },
@@ -401,7 +420,7 @@ def run(
     rows = []
     for model in models:
       work = workload(model, source, tflops)
-      batch = paper.TABLE3_BATCH[model]
+      batch = batch_size(model)
       for name in compressors:
         for n in workers:
           sim = simulate(

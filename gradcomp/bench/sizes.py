@@ -75,7 +75,7 @@ from gradcomp.sim.profile import DEFAULT_SIZES
 #: ``--full``: every power of two from 2^4 to 2^24.
 FULL_SIZES = tuple(2**p for p in range(4, 25))
 #: Models whose tensors are counted against each compressor's ``x*``.
-OVERHEAD_MODELS = ("resnet20", "resnet50", "lstm_ptb")
+OVERHEAD_MODELS = ("resnet20", "resnet50", "lstm_ptb", "gpt2_small")
 #: The paper's range: time at 2^20 over time at 2^4 (§3.2: "not doubling").
 PAPER_LARGE = 2**20
 
