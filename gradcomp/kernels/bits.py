@@ -173,3 +173,9 @@ def unpack_codes(packed: jax.Array, bits: int, size: int) -> jax.Array:
       [t[:, 0] | ((t[:, 1] & 0xF) << 8), (t[:, 1] >> 4) | (t[:, 2] << 4)], axis=1
     )
   return pairs.reshape(-1)[:size].astype(jnp.int32) - offset
+
+
+def unpack_words(words: jax.Array, size: int) -> jax.Array:
+  """The boolean mask of :func:`pack_words`, its last axis cut to ``size`` entries."""
+  bits_ = (words[..., None] >> _WORD_SHIFTS) & 1
+  return bits_.reshape(*words.shape[:-1], -1)[..., :size].astype(bool)
