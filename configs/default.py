@@ -188,7 +188,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.cluster = cluster()
 
   config.optimizer = ml_collections.ConfigDict()
-  config.optimizer.name = "sgd"  # sgd | adamw (train/optimizer.py)
+  # sgd | adamw | onebit_adam | demo (train/optimizer.py; the last two
+  # exchange their own momentum: compressor none; onebit_adam: freeze_step)
+  config.optimizer.name = "sgd"
   config.optimizer.learning_rate = 0.1
   config.optimizer.momentum = 0.9  # sgd
   config.optimizer.nesterov = False  # sgd
@@ -201,6 +203,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.min_learning_rate_ratio = 0.0  # warmup_cosine: final / peak
   # Clip the exchanged gradient's global norm (None: no clipping).
   config.optimizer.clip_norm = config_dict.placeholder(float)
+  # onebit_adam: dense AdamW updates before the variance freezes.
+  config.optimizer.freeze_step = config_dict.placeholder(int)
+  # demo: momentum decay, DCT chunk and coefficients kept per chunk (None:
+  # DeMo's 0.999, 64, 32).
+  config.optimizer.beta = config_dict.placeholder(float)
+  config.optimizer.chunk = config_dict.placeholder(int)
+  config.optimizer.topk = config_dict.placeholder(int)
 
   config.step = "shard_map"  # shard_map | pmap (train/step.py)
   # Workers: the first config.workers devices (one process), or all if unset.

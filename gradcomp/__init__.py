@@ -5,7 +5,7 @@ the mean over workers (``axis_name``) of the decompressed gradients. This
 namespace holds what a training script uses: the compressors and the parts to
 build one, ``layerfusion`` and its ``Plan``, the training schemes, the
 compressor registry, the optimizers that compress their momentum
-(``onebit_adam``), ``wire_bytes`` and the worker-axis helpers. The rest lives
+(``onebit_adam``, ``demo``), ``wire_bytes`` and the worker-axis helpers. The rest lives
 in subpackages:
 
 * :mod:`gradcomp.fusion` -- LayerFusion's planner: gradient order, profiles,
@@ -51,6 +51,8 @@ from gradcomp.compressors.threshold import threshold_quantize as threshold_quant
 from gradcomp.compressors.topk import topk as topk
 from gradcomp.fusion.layerfusion import layerfusion as layerfusion
 from gradcomp.fusion.plan import Plan as Plan
+from gradcomp.optimizers.demo import DeMoState as DeMoState
+from gradcomp.optimizers.demo import demo as demo
 from gradcomp.optimizers.onebit_adam import OneBitAdamState as OneBitAdamState
 from gradcomp.optimizers.onebit_adam import onebit_adam as onebit_adam
 from gradcomp.parallel.wire import wire_bytes as wire_bytes

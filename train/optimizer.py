@@ -201,6 +201,98 @@ def learning_rate(cfg, total_steps: int) -> optax.ScalarOrSchedule:
 
 #: The worker's optimizer by ``config.optimizer.name``.
 OPTIMIZERS = ("sgd", "adamw")
+#: Optimizers that exchange, and compress, their own momentum
+#: (``gradcomp.optimizers``): used alone, on each worker's own gradient.
+SELF_EXCHANGING = ("onebit_adam", "demo")
+
+
+def exchanges_itself(cfg) -> bool:
+  """Whether ``config.optimizer`` names an optimizer that does its own exchange."""
+  return cfg.get("name", "sgd") in SELF_EXCHANGING
+
+
+def check_self_exchanging(config, scheme: str) -> None:
+  """Raises ``ValueError`` unless a self-exchanging optimizer runs as it must.
+
+  Synchronous data parallelism only, no compressor before it (it compresses
+  its own exchange), no sufficient factors, and its required fields set.
+  """
+  cfg = config.optimizer
+  if not exchanges_itself(cfg):
+    return
+  name = cfg.name
+  if scheme != "none":
+    raise ValueError(
+      f"config.optimizer.name={name} exchanges its own momentum: synchronous "
+      f"training only (config.scheme.name=none), not {scheme!r}"
+    )
+  if config.compressor.name != "none":
+    raise ValueError(
+      f"config.optimizer.name={name} compresses its own exchange: set "
+      f"config.compressor.name=none (got {config.compressor.name!r})"
+    )
+  if config.get("sufficient_factors"):
+    raise ValueError(f"config.optimizer.name={name} does not take sufficient factors")
+  if name == "onebit_adam" and cfg.get("freeze_step") is None:
+    raise ValueError(
+      "config.optimizer.name=onebit_adam needs config.optimizer.freeze_step (the "
+      "dense AdamW updates before the variance freezes; Tang et al. warm up for "
+      "about 15-25 % of a run); e.g. --config.optimizer.freeze_step=100"
+    )
+
+
+def self_exchanging(
+  cfg, total_steps: int, axis_name
+) -> list[optax.GradientTransformation]:
+  """The whole optimizer of ``cfg.name`` in :data:`SELF_EXCHANGING`, on local gradients.
+
+  ``cfg.clip_norm`` clips each worker's own gradient (there is no mean
+  gradient in the compressed phase to clip). 1-bit Adam's weight decay is
+  masked by :func:`decay_mask`, as AdamW's; DeMo decays every leaf, as its
+  reference does.
+  """
+  parts = []
+  clip = cfg.get("clip_norm")
+  if clip is not None:
+    if not clip > 0:
+      raise ValueError(f"config.optimizer.clip_norm must be > 0 or None, got {clip}")
+    parts.append(optax.clip_by_global_norm(clip))
+  lr = learning_rate(cfg, total_steps)
+  if cfg.name == "demo":
+    # None leaves DeMo's own defaults (beta 0.999, chunk 64, top 32).
+    kwargs = {
+      k: cfg.get(k) for k in ("beta", "chunk", "topk") if cfg.get(k) is not None
+    }
+    parts.append(
+      gradcomp.demo(lr, weight_decay=cfg.weight_decay, axis_name=axis_name, **kwargs)
+    )
+    return parts
+  parts.append(
+    gradcomp.onebit_adam(
+      lr,
+      freeze_step=int(cfg.freeze_step),
+      b1=cfg.get("b1", 0.9),
+      b2=cfg.get("b2", 0.999),
+      eps=cfg.get("eps", 1e-8),
+      weight_decay=cfg.weight_decay,
+      mask=decay_mask,
+      axis_name=axis_name,
+    )
+  )
+  return parts
+
+
+def self_exchange_phase(cfg) -> Callable[[int], str] | None:
+  """Which exchange step ``t`` (1-based) of a self-exchanging optimizer runs.
+
+  1-bit Adam: ``"dense"`` (the warm-up's all-reduce) through
+  ``freeze_step``, ``"compressed"`` after. ``None`` for an optimizer whose
+  every step sends the same (DeMo's all-gather).
+  """
+  if cfg.name != "onebit_adam":
+    return None
+  freeze = int(cfg.freeze_step)
+  return lambda step: "dense" if step <= freeze else "compressed"
 
 
 def decay_mask(params):
@@ -249,7 +341,7 @@ def local_optimizer(cfg, total_steps: int) -> list[optax.GradientTransformation]
   else:
     raise ValueError(
       f"unknown optimizer {name!r} (config.optimizer.name); valid: "
-      f"{', '.join(OPTIMIZERS)}"
+      f"{', '.join(OPTIMIZERS + SELF_EXCHANGING)}"
     )
   return parts
 

@@ -107,6 +107,7 @@ class Scheme:
         example value.
     """
     factors_lib.check(config)  # Sufficient factors: synchronous training only.
+    optimizer_lib.check_self_exchanging(config, cls.name)
     cfg = config.get("scheme")
     updates = {}
     for field, default in cls.defaults.items():
