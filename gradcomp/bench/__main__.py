@@ -440,7 +440,7 @@ def _transformer(args: argparse.Namespace) -> None:
   import jax
   from absl import logging
 
-  labels = _methods("transformer", args.methods, transformer.METHODS)
+  labels = _methods(args.suite, args.methods, transformer.METHODS)
   for name in ("seeds", "steps", "eval_every"):
     value = getattr(args, name)
     if value is not None and value < 1:
@@ -463,6 +463,35 @@ def _transformer(args: argparse.Namespace) -> None:
     )
   except ValueError as e:
     raise SystemExit(f"python -m gradcomp.bench transformer: error: {e}") from None
+
+
+def _transformer_flags(p, methods, out: str) -> None:
+  """The transformer suite's flags (``transformer`` and ``adaptive``)."""
+  p.add_argument(
+    "--methods",
+    default=",".join(methods),
+    help=f"comma-separated labels (default: {','.join(methods)})",
+  )
+  p.add_argument("--seeds", type=int, default=3, help="runs per method")
+  p.add_argument(
+    "--steps", type=int, default=None, help="steps per run (default: the config's)"
+  )
+  p.add_argument("--eval-every", type=int, default=100, help="eval interval")
+  p.add_argument(
+    "--reuse",
+    action="store_true",
+    help="read back runs already finished under --out with the same config "
+    "instead of training them again (e.g. to add seeds)",
+  )
+  p.add_argument(
+    "--target-bpb",
+    type=float,
+    default=None,
+    help="bits per byte of the time to target (default: dense's mean final "
+    f"bpb + {transformer.TARGET_MARGIN:g})",
+  )
+  p.add_argument("--out", default=out, help="directory for transformer.*")
+  p.set_defaults(func=_transformer)
 
 
 def _collectives(args: argparse.Namespace) -> None:
@@ -743,31 +772,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     "DiLoCo (dense, top-k), CD-SGD, CHOCO: bits per byte, bytes/step, "
     "simulated time to a target on 16 workers at 10 Gbps, tokens/s",
   )
-  tf.add_argument(
-    "--methods",
-    default=",".join(transformer.DEFAULT_METHODS),
-    help="comma-separated labels (default: all)",
+  _transformer_flags(tf, transformer.DEFAULT_METHODS, "bench_out/")
+  ad = suites.add_parser(
+    "adaptive",
+    help="the transformer suite on the adaptive-optimizer comparison: dense AdamW, "
+    "AdamW after top-k / PowerSGD / EF-signSGD, 1-bit Adam, DeMo",
   )
-  tf.add_argument("--seeds", type=int, default=3, help="runs per method")
-  tf.add_argument(
-    "--steps", type=int, default=None, help="steps per run (default: the config's)"
-  )
-  tf.add_argument("--eval-every", type=int, default=100, help="eval interval")
-  tf.add_argument(
-    "--reuse",
-    action="store_true",
-    help="read back runs already finished under --out with the same config "
-    "instead of training them again (e.g. to add seeds)",
-  )
-  tf.add_argument(
-    "--target-bpb",
-    type=float,
-    default=None,
-    help="bits per byte of the time to target (default: dense's mean final "
-    f"bpb + {transformer.TARGET_MARGIN:g})",
-  )
-  tf.add_argument("--out", default="bench_out/", help="directory for transformer.*")
-  tf.set_defaults(func=_transformer)
+  _transformer_flags(ad, transformer.ADAPTIVE_METHODS, "bench_out/adaptive/")
   args = parser.parse_args(argv)
   if args.suite in ("sizes", "wire"):
     from gradcomp.bench import sizes, wire_suite

@@ -140,6 +140,8 @@ class Method:
     hyperparameters: other ``config.compressor`` fields.
     plan: ``config.fusion.plan`` (never ``"auto"``, which measures a profile).
     why: one line on the choice, copied to the JSON.
+    optimizer: ``config.optimizer`` fields set over gpt_tiny's AdamW (1-bit
+      Adam and DeMo replace it, with the same learning-rate schedule).
   """
 
   label: str
@@ -148,6 +150,7 @@ class Method:
   hyperparameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   plan: str = "none"
   why: str = ""
+  optimizer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 _TOPK = {"ratio": TOPK_RATIO}
@@ -200,7 +203,35 @@ METHODS: dict[str, Method] = {
     ),
   )
 }
+#: 1-bit Adam's dense AdamW updates before the freeze: 1/6 of the 600 steps
+#: (Tang et al. warm up for about 15-25 % of a run), after AdamW's own
+#: 50-step learning-rate warm-up.
+FREEZE_STEP = 100
+#: Whole optimizers that compress their own momentum (``gradcomp.optimizers``),
+#: not in the default set: ``python -m gradcomp.bench adaptive`` runs them
+#: beside the naive chains (compressor, then AdamW).
+ADAPTIVE: dict[str, Method] = {
+  m.label: m
+  for m in (
+    Method(
+      "onebit_adam",
+      _SYNC,
+      optimizer={"name": "onebit_adam", "freeze_step": FREEZE_STEP},
+      why=f"1-bit Adam, {FREEZE_STEP} dense AdamW updates, then 1-bit momentum",
+    ),
+    Method(
+      "demo",
+      _SYNC,
+      optimizer={"name": "demo"},
+      why="DeMo: top-32 of each 64 (x 64) DCT chunk of the momentum, sign steps",
+    ),
+  )
+}
 DEFAULT_METHODS = tuple(METHODS)
+METHODS.update(ADAPTIVE)
+#: The adaptive-optimizer comparison: dense AdamW, the naive chains, and the
+#: optimizers that compress their momentum.
+ADAPTIVE_METHODS = ("dense", "topk", "powersgd", "ef_signsgd", *ADAPTIVE)
 
 
 def cluster():
@@ -249,6 +280,9 @@ def configure(
     base_config, base, seed=seed, steps=steps, eval_every=eval_every
   )
   config.scheme = default.scheme(**method.scheme)
+  config.update_from_flattened_dict(
+    {f"optimizer.{k}": v for k, v in method.optimizer.items()}
+  )
   config.update_from_flattened_dict(dict(overrides or {}))
   return config
 
@@ -274,6 +308,18 @@ def reprice(inputs: Mapping[str, Any], config, cluster_, steps: int) -> np.ndarr
   if "topology" in inputs:
     return gossip.reprice(inputs, cluster_, steps)
   flops = inputs["flops_per_step"]
+  if "phase_wire" in inputs:  # 1-bit Adam: dense warm-up, then its 1-bit exchange.
+    from gradcomp.compressors import scatter
+
+    d = inputs["phase_wire"]["dense"]["all-reduce"] // 4
+    rounds = {
+      "dense": inputs["phase_wire"]["dense"],
+      "compressed": scatter.onebit_wire(d, cluster_.workers),
+    }
+    phase = optimizer.self_exchange_phase(config.optimizer)
+    return gradcomp.sim.simulate_rounds(
+      cluster_, flops, lambda step: True, lambda step: rounds[phase(step)], steps
+    )
   if "full_wire" in inputs:
     return gradcomp.sim.simulate_delayed(
       cluster_,
@@ -421,10 +467,22 @@ def _log(text: str) -> None:
   print(f"# transformer: {text}", file=sys.stderr, flush=True)
 
 
+def _set_fields(fields):
+  """A config's JSON without its unset (``None``) fields, at every depth.
+
+  An unset placeholder added to the configs later (a new optimizer's field)
+  leaves an earlier run's config the same config.
+  """
+  if isinstance(fields, dict):
+    return {k: _set_fields(v) for k, v in fields.items() if v is not None}
+  return fields
+
+
 def finished_run(config, workdir: Path, steps: int) -> dict[str, Any] | None:
   """The run of ``config`` already finished in ``workdir``, read back; else ``None``.
 
-  Finished: ``config.json`` holds the same config (the corpus identity aside),
+  Finished: ``config.json`` holds the same config (the corpus identity and
+  unset fields aside),
   ``metrics.jsonl`` an eval at ``steps`` and ``sim.json`` the clock's inputs.
   ``run_seconds`` is then the logged seconds of training
   (``logs.elapsed_seconds``: compile and evals included, as a fresh run's).
@@ -438,7 +496,7 @@ def finished_run(config, workdir: Path, steps: int) -> dict[str, Any] | None:
     return None
   fields = json.loads(saved.read_text())
   fields.pop("dataset_identity", None)
-  if fields != json.loads(config.to_json_best_effort()):
+  if _set_fields(fields) != _set_fields(json.loads(config.to_json_best_effort())):
     return None
   rows = logs.read_metrics(metrics)
   if not any(r.get("step") == steps and "eval_loss" in r for r in rows):
