@@ -188,8 +188,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.cluster = cluster()
 
   config.optimizer = ml_collections.ConfigDict()
-  # sgd | adamw | onebit_adam | demo (train/optimizer.py; the last two
-  # exchange their own momentum: compressor none; onebit_adam: freeze_step)
+  # sgd | adamw | onebit_adam | zero_one_adam | demo (train/optimizer.py; the
+  # last three exchange their own momentum: compressor none; onebit_adam
+  # needs freeze_step)
   config.optimizer.name = "sgd"
   config.optimizer.learning_rate = 0.1
   config.optimizer.momentum = 0.9  # sgd
@@ -205,6 +206,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.clip_norm = config_dict.placeholder(float)
   # onebit_adam: dense AdamW updates before the variance freezes.
   config.optimizer.freeze_step = config_dict.placeholder(int)
+  # zero_one_adam: its schedule (None: DeepSpeed's 100000, 16, 32678, 16).
+  config.optimizer.var_freeze_step = config_dict.placeholder(int)
+  config.optimizer.var_update_scaler = config_dict.placeholder(int)
+  config.optimizer.local_step_scaler = config_dict.placeholder(int)
+  config.optimizer.local_step_clipper = config_dict.placeholder(int)
   # demo: momentum decay, DCT chunk and coefficients kept per chunk (None:
   # DeMo's 0.999, 64, 32).
   config.optimizer.beta = config_dict.placeholder(float)

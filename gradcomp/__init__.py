@@ -5,7 +5,7 @@ the mean over workers (``axis_name``) of the decompressed gradients. This
 namespace holds what a training script uses: the compressors and the parts to
 build one, ``layerfusion`` and its ``Plan``, the training schemes, the
 compressor registry, the optimizers that compress their momentum
-(``onebit_adam``, ``demo``), ``wire_bytes`` and the worker-axis helpers. The rest lives
+(``onebit_adam``, ``zero_one_adam``, ``demo``), ``wire_bytes`` and the worker-axis helpers. The rest lives
 in subpackages:
 
 * :mod:`gradcomp.fusion` -- LayerFusion's planner: gradient order, profiles,
@@ -55,6 +55,8 @@ from gradcomp.optimizers.demo import DeMoState as DeMoState
 from gradcomp.optimizers.demo import demo as demo
 from gradcomp.optimizers.onebit_adam import OneBitAdamState as OneBitAdamState
 from gradcomp.optimizers.onebit_adam import onebit_adam as onebit_adam
+from gradcomp.optimizers.zero_one_adam import ZeroOneAdamState as ZeroOneAdamState
+from gradcomp.optimizers.zero_one_adam import zero_one_adam as zero_one_adam
 from gradcomp.parallel.wire import wire_bytes as wire_bytes
 from gradcomp.parallel.workers import add_worker_axis as add_worker_axis
 from gradcomp.parallel.workers import drop_worker_axis as drop_worker_axis

@@ -1,9 +1,10 @@
 """1-bit Adam and DeMo through the training program, on a narrow gpt_tiny.
 
-``--config.optimizer.name=onebit_adam | demo`` trains with the optimizer
+``--config.optimizer.name=onebit_adam | zero_one_adam | demo`` trains with the optimizer
 alone on each worker's gradient. Checked: the bytes per step are the
 phases' closed form (1-bit Adam: dense through the warm-up, then its 1-bit
-exchange; DeMo: its top-k payload every step), a run stopped in the
+exchange; 0/1 Adam: dense, 1-bit or nothing by its schedule; DeMo: its
+top-k payload every step), a run stopped in the
 compressed phase and resumed ends bit for bit where the whole run ends
 (both error buffers are in the checkpoint), and a config the optimizers
 cannot run is a one-line error.
@@ -62,7 +63,8 @@ def test_onebit_adam_prices_its_two_phases(onebit_run):
   d = sum(np.size(x) for x in jax.tree.leaves(result.state["params"]))
   dense, compressed = 4 * d, scatter.onebit_payload_bytes(d, 8)
   assert sim["phase_wire"]["dense"] == {"all-reduce": dense}
-  assert sum(sim["phase_wire"]["compressed"].values()) == compressed
+  assert sum(sim["phase_wire"]["onebit"].values()) == compressed
+  assert sim["phases"] == {"dense": FREEZE, "onebit": STEPS - FREEZE}
   rounds = (FREEZE * dense + (STEPS - FREEZE) * compressed) / STEPS
   # Besides the exchange: the logged means and the finite-step agreement.
   assert 0 < every_step_bytes(sim, rounds) < 64
@@ -98,6 +100,29 @@ def test_demo_sends_its_payload_every_step(tmp_path):
   )
   assert sim["round_wire"]["all-gather"] == payload
   assert 0 < every_step_bytes(sim, payload) < 64
+  assert np.isfinite(result.eval_metrics["eval_bits_per_byte"])
+
+
+ZERO_ONE = {
+  "optimizer.name": "zero_one_adam",
+  "optimizer.var_freeze_step": 6,
+  "optimizer.var_update_scaler": 2,
+  "optimizer.local_step_scaler": 2,
+  "optimizer.local_step_clipper": 4,
+}
+
+
+def test_zero_one_adam_skips_rounds_and_its_bytes_show_it(tmp_path):
+  result = train.train_and_evaluate(gpt_tiny(**ZERO_ONE), tmp_path)
+  sim = json.loads((tmp_path / train.SIM_FILE).read_text())
+  # Steps 1-12: d d o d o d | o o n o n o (variance steps, 1-bit rounds,
+  # then local steps synchronising at growing intervals).
+  assert sim["phases"] == {"dense": 4, "onebit": 6, "none": 2}
+  d = sum(np.size(x) for x in jax.tree.leaves(result.state["params"])) // 8
+  rounds = (4 * 4 * d + 6 * scatter.onebit_payload_bytes(d, 8)) / STEPS
+  assert 0 < every_step_bytes(sim, rounds) < 64
+  # Local steps: the workers' params are laid out per worker.
+  assert np.shape(jax.tree.leaves(result.state["params"])[0])[0] == 8
   assert np.isfinite(result.eval_metrics["eval_bits_per_byte"])
 
 

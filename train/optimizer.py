@@ -32,6 +32,7 @@ import optax
 from absl import logging
 
 import gradcomp
+from gradcomp.optimizers import zero_one_adam as zero_one_adam_lib
 
 
 def compressor(cfg, axis_name: str | None) -> optax.GradientTransformation:
@@ -203,7 +204,14 @@ def learning_rate(cfg, total_steps: int) -> optax.ScalarOrSchedule:
 OPTIMIZERS = ("sgd", "adamw")
 #: Optimizers that exchange, and compress, their own momentum
 #: (``gradcomp.optimizers``): used alone, on each worker's own gradient.
-SELF_EXCHANGING = ("onebit_adam", "demo")
+SELF_EXCHANGING = ("onebit_adam", "zero_one_adam", "demo")
+#: 0/1 Adam's schedule fields of ``config.optimizer`` (unset: DeepSpeed's).
+_ZERO_ONE_FIELDS = (
+  "var_freeze_step",
+  "var_update_scaler",
+  "local_step_scaler",
+  "local_step_clipper",
+)
 
 
 def exchanges_itself(cfg) -> bool:
@@ -247,9 +255,9 @@ def self_exchanging(
   """The whole optimizer of ``cfg.name`` in :data:`SELF_EXCHANGING`, on local gradients.
 
   ``cfg.clip_norm`` clips each worker's own gradient (there is no mean
-  gradient in the compressed phase to clip). 1-bit Adam's weight decay is
-  masked by :func:`decay_mask`, as AdamW's; DeMo decays every leaf, as its
-  reference does.
+  gradient in the compressed phases to clip). 1-bit and 0/1 Adam's weight
+  decay is masked by :func:`decay_mask`, as AdamW's; DeMo decays every
+  leaf, as its reference does.
   """
   parts = []
   clip = cfg.get("clip_norm")
@@ -267,32 +275,46 @@ def self_exchanging(
       gradcomp.demo(lr, weight_decay=cfg.weight_decay, axis_name=axis_name, **kwargs)
     )
     return parts
-  parts.append(
-    gradcomp.onebit_adam(
-      lr,
-      freeze_step=int(cfg.freeze_step),
-      b1=cfg.get("b1", 0.9),
-      b2=cfg.get("b2", 0.999),
-      eps=cfg.get("eps", 1e-8),
-      weight_decay=cfg.weight_decay,
-      mask=decay_mask,
-      axis_name=axis_name,
-    )
-  )
+  adam = {
+    "b1": cfg.get("b1", 0.9),
+    "b2": cfg.get("b2", 0.999),
+    "eps": cfg.get("eps", 1e-8),
+    "weight_decay": cfg.weight_decay,
+    "mask": decay_mask,
+    "axis_name": axis_name,
+  }
+  if cfg.name == "zero_one_adam":
+    parts.append(gradcomp.zero_one_adam(lr, **_zero_one_schedule(cfg), **adam))
+  else:
+    parts.append(gradcomp.onebit_adam(lr, freeze_step=int(cfg.freeze_step), **adam))
   return parts
 
 
-def self_exchange_phase(cfg) -> Callable[[int], str] | None:
-  """Which exchange step ``t`` (1-based) of a self-exchanging optimizer runs.
+def _zero_one_schedule(cfg) -> dict[str, int]:
+  """The set schedule fields of 0/1 Adam (the rest keep DeepSpeed's defaults)."""
+  return {k: int(cfg.get(k)) for k in _ZERO_ONE_FIELDS if cfg.get(k) is not None}
 
-  1-bit Adam: ``"dense"`` (the warm-up's all-reduce) through
-  ``freeze_step``, ``"compressed"`` after. ``None`` for an optimizer whose
-  every step sends the same (DeMo's all-gather).
+
+def self_exchange_rounds(cfg, num_steps: int):
+  """What each step of a self-exchanging optimizer sends, for pricing.
+
+  Returns ``(kinds, copies)``: ``kinds[t - 1]`` is ``"dense"`` (an
+  all-reduce of the float32 gradient), ``"onebit"`` (the two-stage 1-bit
+  all-reduce) or ``"none"`` for steps ``1 .. num_steps``; ``copies`` how
+  many times each kind's collectives appear in the compiled step (once per
+  branch that runs them). ``None`` for an optimizer whose every step sends
+  the same (DeMo's all-gather).
   """
-  if cfg.name != "onebit_adam":
-    return None
-  freeze = int(cfg.freeze_step)
-  return lambda step: "dense" if step <= freeze else "compressed"
+  if cfg.name == "onebit_adam":
+    freeze = min(int(cfg.freeze_step), num_steps)
+    kinds = ["dense"] * freeze + ["onebit"] * (num_steps - freeze)
+    return kinds, {"dense": 1, "onebit": 1}
+  if cfg.name == "zero_one_adam":
+    kinds = zero_one_adam_lib.exchange_schedule(num_steps, **_zero_one_schedule(cfg))
+    # The 1-bit exchange runs in two branches: between variance steps, and
+    # at a synchronisation after the freeze.
+    return kinds, {"dense": 1, "onebit": 2}
+  return None
 
 
 def decay_mask(params):

@@ -207,6 +207,13 @@ METHODS: dict[str, Method] = {
 #: (Tang et al. warm up for about 15-25 % of a run), after AdamW's own
 #: 50-step learning-rate warm-up.
 FREEZE_STEP = 100
+#: 0/1 Adam's schedule on a 600-step run: DeepSpeed's 100,000-step freeze
+#: and 32,678-step local-interval scaler assume runs of hundreds of
+#: thousands of steps; scaled down, the variance freezes halfway and the
+#: synchronisation interval doubles every 50 steps (1, 2, 4, 8, 16). The
+#: variance scaler (16) and the interval cap (16) are DeepSpeed's.
+ZERO_ONE_FREEZE = 300
+ZERO_ONE_LOCAL_SCALER = 50
 #: Whole optimizers that compress their own momentum (``gradcomp.optimizers``),
 #: not in the default set: ``python -m gradcomp.bench adaptive`` runs them
 #: beside the naive chains (compressor, then AdamW).
@@ -218,6 +225,18 @@ ADAPTIVE: dict[str, Method] = {
       _SYNC,
       optimizer={"name": "onebit_adam", "freeze_step": FREEZE_STEP},
       why=f"1-bit Adam, {FREEZE_STEP} dense AdamW updates, then 1-bit momentum",
+    ),
+    Method(
+      "zero_one_adam",
+      _SYNC,
+      optimizer={
+        "name": "zero_one_adam",
+        "var_freeze_step": ZERO_ONE_FREEZE,
+        "local_step_scaler": ZERO_ONE_LOCAL_SCALER,
+      },
+      why=f"0/1 Adam: variance at doubling intervals (16 each), 1-bit rounds; "
+      f"local steps after {ZERO_ONE_FREEZE}, intervals doubling every "
+      f"{ZERO_ONE_LOCAL_SCALER} steps up to 16",
     ),
     Method(
       "demo",
@@ -308,17 +327,22 @@ def reprice(inputs: Mapping[str, Any], config, cluster_, steps: int) -> np.ndarr
   if "topology" in inputs:
     return gossip.reprice(inputs, cluster_, steps)
   flops = inputs["flops_per_step"]
-  if "phase_wire" in inputs:  # 1-bit Adam: dense warm-up, then its 1-bit exchange.
+  if "phase_wire" in inputs:  # 1-bit / 0/1 Adam: dense, 1-bit or no rounds.
     from gradcomp.compressors import scatter
 
     d = inputs["phase_wire"]["dense"]["all-reduce"] // 4
     rounds = {
       "dense": inputs["phase_wire"]["dense"],
-      "compressed": scatter.onebit_wire(d, cluster_.workers),
+      "onebit": scatter.onebit_wire(d, cluster_.workers),
+      "none": {},
     }
-    phase = optimizer.self_exchange_phase(config.optimizer)
+    kinds, _ = optimizer.self_exchange_rounds(config.optimizer, steps)
     return gradcomp.sim.simulate_rounds(
-      cluster_, flops, lambda step: True, lambda step: rounds[phase(step)], steps
+      cluster_,
+      flops,
+      lambda step: kinds[step - 1] != "none",
+      lambda step: rounds[kinds[step - 1]],
+      steps,
     )
   if "full_wire" in inputs:
     return gradcomp.sim.simulate_delayed(

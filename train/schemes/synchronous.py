@@ -8,10 +8,10 @@ sends them instead (Poseidon's rule, ``train/factors.py``): its kernel then
 leaves the compressor's order.
 
 An optimizer that exchanges its own momentum (``config.optimizer.name`` in
-``train.optimizer.SELF_EXCHANGING``: 1-bit Adam, DeMo) takes each worker's
-own gradient, with no compressor before it. 1-bit Adam's rounds are priced
-by phase (the warm-up's dense all-reduce, then its compressed exchange);
-DeMo's all-gather is the same every step.
+``train.optimizer.SELF_EXCHANGING``: 1-bit Adam, 0/1 Adam, DeMo) takes each worker's
+own gradient, with no compressor before it. 1-bit and 0/1 Adam's rounds are
+priced by what each step sends (dense, 1-bit, or nothing in 0/1 Adam's
+local steps); DeMo's all-gather is the same every step.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class Synchronous(Scheme):
   def __init__(self, *args):
     super().__init__(*args)
     self.factored = None  # The rule's choice per Dense layer, once.
+    self.per_worker_params = False  # 0/1 Adam's local steps: set at restore.
 
   def gradient_plan(self, params, model_state, batch_like, order, sizes):
     if not factors_lib.enabled(self.config):
@@ -66,52 +67,59 @@ class Synchronous(Scheme):
     return gradcomp.apply_if_finite(tx, NEVER_FORCE, axis_name=step_lib.AXIS), None
 
   def price(self, plan, params, step_wire, num_steps, flops):
-    if optimizer_lib.self_exchange_phase(self.config.optimizer) is not None:
+    if optimizer_lib.self_exchange_rounds(self.config.optimizer, 1) is not None:
       return self._price_phases(params, step_wire, num_steps, flops)
     priced = super().price(plan, params, step_wire, num_steps, flops)
     if self.factored is not None:
       priced.fields["sufficient_factors"] = self.factored.record()
     return priced
 
+  def restore(self, state, layout) -> None:
+    self.per_worker_params = layout.params_per_worker
+
   def messages(self) -> list[str]:
     return [] if self.factored is None else [self.factored.summary()]
 
   def _price_phases(self, params, step_wire, num_steps, flops):
-    """1-bit Adam's rounds: dense through the warm-up, then its 1-bit exchange.
+    """1-bit and 0/1 Adam's rounds, each priced by what it sends.
 
-    The step's HLO holds both phases' collectives (in the conditional's two
-    branches) beside the every-step ones (metrics, the finite-step
-    agreement): the dense round is the all-reduce of the float32 gradient,
-    the compressed one :func:`gradcomp.compressors.scatter.onebit_payload_bytes`
-    (its size is checked against the compiled HLO in the tests).
+    Dense (the float32 gradient's all-reduce), 1-bit
+    (:func:`gradcomp.compressors.scatter.onebit_wire`) or nothing (0/1
+    Adam's local steps). The step's HLO holds every branch's collectives
+    beside the every-step ones (metrics, the finite-step agreement); the
+    1-bit ones are checked against it.
     """
-    d = sum(int(np.size(x)) for x in jax.tree.leaves(params))
     n = self.mesh.size
+    d = sum(int(np.size(x)) for x in jax.tree.leaves(params))
+    if self.per_worker_params:  # 0/1 Adam: one worker's params, not n copies.
+      d //= n
+    kinds, copies = optimizer_lib.self_exchange_rounds(self.config.optimizer, num_steps)
     rounds = {
       "dense": {"all-reduce": 4 * d},
-      "compressed": scatter.onebit_wire(d, n),
+      "onebit": scatter.onebit_wire(d, n),
+      "none": {},
     }
-    for kind, sent in rounds["compressed"].items():
-      if step_wire.get(kind) != sent:
+    for kind, sent in rounds["onebit"].items():
+      if step_wire.get(kind) != copies["onebit"] * sent:
         raise RuntimeError(
-          f"1-bit Adam's compiled step sends {step_wire.get(kind)} bytes by "
-          f"{kind}, its exchange {sent}: the pricing is out of date"
+          f"the compiled step sends {step_wire.get(kind)} bytes by {kind}, "
+          f"{copies['onebit']} 1-bit exchanges {copies['onebit'] * sent}: the "
+          f"pricing is out of date"
         )
-    both = sum(sum(w.values()) for w in rounds.values())
-    other = {k: b for k, b in step_wire.items() if b}
-    every_step = sum(other.values()) - both
-    phase = optimizer_lib.self_exchange_phase(self.config.optimizer)
-    per_round = [sum(rounds[phase(t)].values()) for t in range(1, num_steps + 1)]
-    per_step = every_step + sum(per_round) / max(num_steps, 1)
+    in_hlo = sum(c * sum(rounds[k].values()) for k, c in copies.items())
+    every_step = sum(b for b in step_wire.values() if b) - in_hlo
+    per_step = every_step + sum(sum(rounds[k].values()) for k in kinds) / max(
+      num_steps, 1
+    )
     seconds = gradcomp.sim.simulate_rounds(
       pricing.cluster_of(self.config, n),
       flops,
-      lambda step: True,
-      lambda step: rounds[phase(step)],
+      lambda step: kinds[step - 1] != "none",
+      lambda step: rounds[kinds[step - 1]],
       num_steps,
     )
     fields = {
-      "phase_wire": rounds,
-      "freeze_step": int(self.config.optimizer.freeze_step),
+      "phase_wire": {k: w for k, w in rounds.items() if k in kinds},
+      "phases": {k: kinds.count(k) for k in rounds if k in kinds},
     }
-    return pricing.Priced(per_step, rounds["compressed"], seconds, fields)
+    return pricing.Priced(per_step, rounds["onebit"], seconds, fields)
