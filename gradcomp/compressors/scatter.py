@@ -119,8 +119,16 @@ def onebit_allreduce(x, worker_error, server_error, axis_name: exchange.AxisName
   return mean, new_worker_error, new_server_error
 
 
+def onebit_wire(d: int, n: int) -> dict[str, int]:
+  """``{kind: bytes}`` one worker's :func:`onebit_allreduce` of ``d`` values puts on the wire.
+
+  The all-to-all's operands (``n`` chunks of sign words and ``n`` scales)
+  and the all-gather's (the owner's words and scale).
+  """
+  words = math.ceil(chunk_size(d, n) / bits.WORD)
+  return {"all-to-all": 4 * (n * words + n), "all-gather": 4 * (words + 1)}
+
+
 def onebit_payload_bytes(d: int, n: int) -> int:
-  """Bytes one worker puts on the wire per exchange: its all-to-all and all-gather operands."""
-  c = chunk_size(d, n)
-  words = math.ceil(c / bits.WORD)
-  return 4 * (n * words + n) + 4 * (words + 1)
+  """Bytes one worker puts on the wire per exchange (:func:`onebit_wire`, summed)."""
+  return sum(onebit_wire(d, n).values())

@@ -172,7 +172,9 @@ def simulate_rounds(
     cluster: the described cluster.
     flops_per_step: one worker's training FLOPs per step, finite and > 0.
     is_round: ``step -> bool`` for steps ``1 .. steps``.
-    round_wire: ``{kind: bytes}`` of one round (kinds with 0 bytes ignored).
+    round_wire: ``{kind: bytes}`` of one round (kinds with 0 bytes ignored),
+      or ``step -> {kind: bytes}`` where rounds differ (1-bit Adam's dense
+      warm-up, then its compressed exchange).
     steps: the run's number of steps, >= 0.
 
   Returns:
@@ -194,14 +196,21 @@ def simulate_rounds(
     [0.0, 1.0, 3.0, 4.0, inf]
   """
   clock = SimClock(cluster, flops_per_step)
-  exchange = float(
-    cluster.comm_seconds({k: (b, 1) for k, b in round_wire.items() if b})
-  )
+  wire_at = round_wire if callable(round_wire) else (lambda step: round_wire)
+  priced: dict[tuple, float] = {}
+
+  def exchange(step: int) -> float:
+    wire = {k: b for k, b in wire_at(step).items() if b}
+    key = tuple(sorted(wire.items()))
+    if key not in priced:
+      priced[key] = float(cluster.comm_seconds({k: (b, 1) for k, b in key}))
+    return priced[key]
+
   seconds = np.zeros(steps + 1)
   for step in range(1, steps + 1):
     barrier = bool(is_round(step))
     seconds[step] = clock.step(
-      step, barrier=barrier, exchange_seconds=exchange if barrier else 0.0
+      step, barrier=barrier, exchange_seconds=exchange(step) if barrier else 0.0
     )
   return seconds
 
