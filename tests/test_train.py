@@ -501,7 +501,9 @@ def test_nonfinite_steps_are_skipped(tmp_path, monkeypatch):
 
 
 def test_run_stops_after_consecutive_nonfinite_steps(tmp_path, monkeypatch):
-  monkeypatch.setattr(workload, "load_dataset", lambda config: poisoned_digits(slice(None)))
+  monkeypatch.setattr(
+    workload, "load_dataset", lambda config: poisoned_digits(slice(None))
+  )
   config = tiny_config(checkpoint_every_steps=1, max_consecutive_nonfinite=3)
   with pytest.raises(train.NonFiniteError, match="non-finite in 3 consecutive steps"):
     train.train_and_evaluate(config, tmp_path)

@@ -240,7 +240,9 @@ def test_nonfinite_steps_are_skipped_on_every_worker(tmp_path, monkeypatch):
   batches = [next(order) for _ in range(steps)]
   # One image of step 3 (worker 0) and one of step 10 (worker 5).
   poisoned = [int(batches[2][0][0]), int(batches[9][0][5 * ROWS])]
-  monkeypatch.setattr(workload, "load_dataset", lambda config: poisoned_digits(poisoned))
+  monkeypatch.setattr(
+    workload, "load_dataset", lambda config: poisoned_digits(poisoned)
+  )
   result = train.train_and_evaluate(
     config(sufficient_factors=True, num_train_steps=steps, log_every_steps=steps),
     tmp_path,
