@@ -327,3 +327,32 @@ def test_bfloat16_params_keep_float32_state(mesh):
   assert state.adam[0].mu["w"].dtype == jnp.float32
   assert np.all(np.isfinite(np.asarray(out["w"], np.float32)))
   assert not np.array_equal(np.asarray(out["w"]), np.asarray(params["w"]))
+
+
+def test_under_pmap_it_is_the_shard_map_result(mesh):
+  rng = np.random.default_rng(6)
+  steps, d = 4, 22
+  flat_params = rng.normal(size=d).astype(np.float32)
+  flat_grads = rng.normal(size=(steps, N, d)).astype(np.float32)
+  tx = onebit(freeze=1)
+  params, grads = split(flat_params, SHAPES), split(flat_grads, SHAPES)
+  want, _ = run_sharded(mesh, tx, params, grads)
+
+  def body(g_seq, p):
+    def step(carry, g):
+      p, s = carry
+      u, s = tx.update(g, s, p)
+      return (optax.apply_updates(p, u), s), None
+
+    (p, _), _ = lax.scan(step, (p, tx.init(p)), g_seq)
+    return p
+
+  devices = jax.devices()[:N]
+  per_device = jax.tree.map(lambda g: np.swapaxes(g, 0, 1), grads)  # (N, steps, ...)
+  replicated = jax.tree.map(lambda x: np.broadcast_to(x, (N, *x.shape)), params)
+  got = jax.pmap(body, AXIS, devices=devices)(per_device, replicated)
+  # The same arithmetic under another transform: XLA may order a sum or
+  # contract a multiply-add differently; a few ulps of values ~1.
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    for w in range(N):
+      np.testing.assert_allclose(np.asarray(a[w]), b, rtol=0, atol=1e-6)
