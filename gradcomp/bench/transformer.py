@@ -696,6 +696,7 @@ def _fields(method: Mapping[str, Any]) -> str:
   parts.append(f"compressor.name={method['compressor']}")
   parts += [f"compressor.{k}={v:g}" for k, v in method["hyperparameters"].items()]
   parts.append(f"fusion.plan={method['plan']}")
+  parts += [f"optimizer.{k}={v}" for k, v in method.get("optimizer", {}).items()]
   return ", ".join(parts)
 
 
