@@ -244,13 +244,28 @@ ADAPTIVE: dict[str, Method] = {
       optimizer={"name": "demo"},
       why="DeMo: top-32 of each 64 (x 64) DCT chunk of the momentum, sign steps",
     ),
+    Method(
+      "demo_lr1e-3",
+      _SYNC,
+      optimizer={"name": "demo", "learning_rate": 1e-3},
+      why="DeMo at a third of AdamW's peak lr: a sign step moves every "
+      "coordinate by the full lr, Adam's by less",
+    ),
   )
 }
 DEFAULT_METHODS = tuple(METHODS)
 METHODS.update(ADAPTIVE)
 #: The adaptive-optimizer comparison: dense AdamW, the naive chains, and the
 #: optimizers that compress their momentum.
-ADAPTIVE_METHODS = ("dense", "topk", "powersgd", "ef_signsgd", *ADAPTIVE)
+ADAPTIVE_METHODS = (
+  "dense",
+  "topk",
+  "powersgd",
+  "ef_signsgd",
+  "onebit_adam",
+  "zero_one_adam",
+  "demo",
+)
 
 
 def cluster():
