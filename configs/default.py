@@ -66,6 +66,8 @@ def compressor(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("int_bits", int),
     ("block_size", int),
     ("max_ratio", float),
+    ("format", str),
+    ("stochastic", bool),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)

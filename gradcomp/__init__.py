@@ -34,6 +34,8 @@ from gradcomp.compressors.fixed_point import (
 )
 from gradcomp.compressors.fixed_point import dynamic_fixed_point as dynamic_fixed_point
 from gradcomp.compressors.fixed_point import fixed_point as fixed_point
+from gradcomp.compressors.lowp import fp4 as fp4
+from gradcomp.compressors.lowp import fp8 as fp8
 from gradcomp.compressors.memory import error_feedback as error_feedback
 from gradcomp.compressors.onebit import onebit_sgd as onebit_sgd
 from gradcomp.compressors.powersgd import powersgd as powersgd

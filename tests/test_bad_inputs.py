@@ -52,6 +52,8 @@ CONFIGS = {
   "fixed_point": {"bits": 4},
   "dynamic_fixed_point": {"bits": 12, "block_size": 16},
   "sparse_quantize": {"threshold": 0.5, "max_ratio": 0.25},
+  "fp8": {"format": "e5m2", "block_size": 16, "error_feedback": True},
+  "fp4": {"block_size": 16},
 }
 NAMES = sorted(CONFIGS)
 

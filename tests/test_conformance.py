@@ -29,6 +29,8 @@ CONFIGS = {
   "fixed_point": {"bits": 8},
   "dynamic_fixed_point": {"bits": 12, "block_size": 16},
   "sparse_quantize": {"threshold": 0.5, "max_ratio": 0.3},
+  "fp8": {"format": "e4m3", "block_size": 16},
+  "fp4": {"block_size": 16, "stochastic": True, "error_feedback": True},
 }
 NAMES = sorted(CONFIGS)
 

@@ -10,40 +10,19 @@ compressed phase and resumed ends bit for bit where the whole run ends
 cannot run is a one-line error.
 """
 
-import importlib
 import json
 
 import jax
 import numpy as np
 import pytest
+from test_train_text import STEPS, gpt_tiny
 
 from gradcomp.compressors import scatter
 from gradcomp.optimizers import demo as demo_lib
 from train import logs, train
 
-STEPS, FREEZE = 12, 4
-SMALL = {
-  "dataset.context": 32,
-  "model.num_layers": 1,
-  "model.width": 32,
-  "model.num_heads": 2,
-  "dataset.max_eval_windows": 64,
-  "global_batch_size": 16,
-  "optimizer.schedule": "constant",
-  "optimizer.learning_rate": 3e-3,
-  "num_train_steps": STEPS,
-  "log_every_steps": 6,
-  "eval_every_steps": 6,
-  "checkpoint_every_steps": 6,
-  "eval_batch_size": 32,
-}
+FREEZE = 4
 ONEBIT = {"optimizer.name": "onebit_adam", "optimizer.freeze_step": FREEZE}
-
-
-def gpt_tiny(**overrides):
-  config = importlib.import_module("configs.gpt_tiny").get_config()
-  config.update_from_flattened_dict({**SMALL, **overrides})
-  return config
 
 
 @pytest.fixture(scope="module")

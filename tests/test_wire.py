@@ -23,6 +23,9 @@ BUDGETS = {
   "fixed_point": ({"bits": 8}, 0.251),
   "dynamic_fixed_point": ({"bits": 12}, 0.376),
   "sparse_quantize": ({"threshold": 2.6, "max_ratio": 0.01}, 0.011),
+  # Issue 34: 1 byte and 4 bits per value, a float32 / a uint8 per block of 32.
+  "fp8": ({"block_size": 32}, 0.282),
+  "fp4": ({}, 0.133),
 }
 
 

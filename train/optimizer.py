@@ -214,6 +214,20 @@ _ZERO_ONE_FIELDS = (
 )
 
 
+def _clipping(cfg) -> list[optax.GradientTransformation]:
+  """``[clip_by_global_norm(cfg.clip_norm)]``, or ``[]`` when unset.
+
+  Raises:
+    ValueError: a clip norm that is not positive.
+  """
+  clip = cfg.get("clip_norm")
+  if clip is None:
+    return []
+  if not clip > 0:
+    raise ValueError(f"config.optimizer.clip_norm must be > 0 or None, got {clip}")
+  return [optax.clip_by_global_norm(clip)]
+
+
 def exchanges_itself(cfg) -> bool:
   """Whether ``config.optimizer`` names an optimizer that does its own exchange."""
   return cfg.get("name", "sgd") in SELF_EXCHANGING
@@ -259,12 +273,7 @@ def self_exchanging(
   decay is masked by :func:`decay_mask`, as AdamW's; DeMo decays every
   leaf, as its reference does.
   """
-  parts = []
-  clip = cfg.get("clip_norm")
-  if clip is not None:
-    if not clip > 0:
-      raise ValueError(f"config.optimizer.clip_norm must be > 0 or None, got {clip}")
-    parts.append(optax.clip_by_global_norm(clip))
+  parts = _clipping(cfg)
   lr = learning_rate(cfg, total_steps)
   if cfg.name == "demo":
     # None leaves DeMo's own defaults (beta 0.999, chunk 64, top 32).
@@ -338,12 +347,7 @@ def local_optimizer(cfg, total_steps: int) -> list[optax.GradientTransformation]
     ValueError: an unknown ``cfg.name`` or schedule, or a non-positive clip norm.
   """
   name = cfg.get("name", "sgd")
-  parts = []
-  clip = cfg.get("clip_norm")
-  if clip is not None:
-    if not clip > 0:
-      raise ValueError(f"config.optimizer.clip_norm must be > 0 or None, got {clip}")
-    parts.append(optax.clip_by_global_norm(clip))
+  parts = _clipping(cfg)
   lr = learning_rate(cfg, total_steps)
   if name == "sgd":
     if cfg.weight_decay:

@@ -311,6 +311,8 @@ SEARCH_COMPRESSORS = {
   "fixed_point": {"bits": 8},
   "dynamic_fixed_point": {"bits": 12},
   "sparse_quantize": {"threshold": 2.6},
+  "fp8": {},
+  "fp4": {},
 }
 
 

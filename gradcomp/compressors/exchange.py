@@ -136,6 +136,8 @@ GATHERED = (
   "fixed_point",
   "dynamic_fixed_point",
   "sparse_quantize",
+  "fp8",
+  "fp4",
 )
 
 

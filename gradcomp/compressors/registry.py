@@ -9,6 +9,7 @@ import optax
 from gradcomp.compressors.dense import fp16, none
 from gradcomp.compressors.dgc import dgc
 from gradcomp.compressors.fixed_point import dynamic_fixed_point, fixed_point
+from gradcomp.compressors.lowp import fp4, fp8
 from gradcomp.compressors.onebit import onebit_sgd
 from gradcomp.compressors.powersgd import powersgd
 from gradcomp.compressors.quantizers import qsgd, terngrad
@@ -50,9 +51,9 @@ def names() -> tuple[str, ...]:
   Examples:
     >>> import gradcomp
     >>> print(", ".join(gradcomp.names()))  # doctest: +NORMALIZE_WHITESPACE
-    dgc, dynamic_fixed_point, ef_signsgd, fixed_point, fp16, none, onebit_sgd,
-    powersgd, qsgd, randomk, signsgd, sketch_topk, sparse_quantize, terngrad,
-    threshold_quantize, topk
+    dgc, dynamic_fixed_point, ef_signsgd, fixed_point, fp16, fp4, fp8, none,
+    onebit_sgd, powersgd, qsgd, randomk, signsgd, sketch_topk, sparse_quantize,
+    terngrad, threshold_quantize, topk
   """
   return tuple(sorted(_REGISTRY))
 
@@ -106,5 +107,7 @@ for _factory in (
   fixed_point,
   dynamic_fixed_point,
   sparse_quantize,
+  fp8,
+  fp4,
 ):
   register(_factory.__name__, _factory)

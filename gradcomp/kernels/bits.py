@@ -175,6 +175,30 @@ def unpack_codes(packed: jax.Array, bits: int, size: int) -> jax.Array:
   return pairs.reshape(-1)[:size].astype(jnp.int32) - offset
 
 
+_NIBBLE_SHIFTS = np.array([0, 4], np.uint8)
+
+
+def pack_nibbles(codes: jax.Array) -> jax.Array:
+  """4-bit ``codes`` in [0, 15], flattened, two to a byte: uint8[ceil(d/2)].
+
+  The first code of each pair in the low nibble (as :func:`pack_codes` with 4
+  bits, without its offset); an odd tail is padded with 0. The two nibbles are
+  a sum, a reduction that XLA computes once: as an element-wise OR it fused
+  the codes' computation into the packing loop and, for FP4's codes of blocks
+  of 32, recomputed each block's maximum per value (8.9 vs 0.9 ms on 2^20
+  values, issue 34).
+  """
+  c = codes.reshape(-1).astype(jnp.uint8)
+  c = jnp.pad(c, (0, c.shape[0] % 2)).reshape(-1, 2)
+  return jnp.sum(c << _NIBBLE_SHIFTS, axis=1, dtype=jnp.uint8)
+
+
+def unpack_nibbles(packed: jax.Array, size: int) -> jax.Array:
+  """int32 codes in [0, 15] from :func:`pack_nibbles`, the first ``size`` of them."""
+  pairs = jnp.stack([packed & 0xF, packed >> 4], axis=1)
+  return pairs.reshape(-1)[:size].astype(jnp.int32)
+
+
 def unpack_words(words: jax.Array, size: int) -> jax.Array:
   """The boolean mask of :func:`pack_words`, its last axis cut to ``size`` entries."""
   bits_ = (words[..., None] >> _WORD_SHIFTS) & 1

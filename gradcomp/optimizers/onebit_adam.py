@@ -78,13 +78,18 @@ class OneBitAdamState(NamedTuple):
   server_error: jax.Array
 
 
-def _check(learning_rate, freeze_step, b1, b2, eps, weight_decay) -> None:
+def check_adam(learning_rate, b1, b2, eps, weight_decay, **counts: int) -> None:
+  """Raises ``ValueError`` naming an Adam hyper-parameter outside its range.
+
+  ``counts``: integer hyper-parameters, each ``>= 0`` (``freeze_step``,
+  ``var_freeze_step``) or ``>= 1`` (the rest).
+  """
   if not callable(learning_rate) and not learning_rate > 0:
     raise ValueError(f"learning_rate must be > 0 or a schedule, got {learning_rate}")
-  if (
-    isinstance(freeze_step, bool) or not isinstance(freeze_step, int) or freeze_step < 0
-  ):
-    raise ValueError(f"freeze_step must be an integer >= 0, got {freeze_step!r}")
+  for name, value in counts.items():
+    low = 0 if name.endswith("freeze_step") else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+      raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
   for name, value in (("b1", b1), ("b2", b2)):
     if not 0 <= value < 1:
       raise ValueError(f"{name} must be in [0, 1), got {value}")
@@ -156,7 +161,7 @@ def onebit_adam(
     >>> bool(jnp.array_equal(u["w"], v["w"]))
     True
   """
-  _check(learning_rate, freeze_step, b1, b2, eps, weight_decay)
+  check_adam(learning_rate, b1, b2, eps, weight_decay, freeze_step=freeze_step)
   adamw = optax.adamw(
     learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask
   )

@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import optax
 
 from gradcomp.compressors import exchange, scatter
-from gradcomp.optimizers.onebit_adam import _flat, _unflat
+from gradcomp.optimizers.onebit_adam import _flat, _unflat, check_adam
 from gradcomp.parallel import branches
 
 #: What a step sends (:func:`exchange_schedule`).
@@ -137,22 +137,6 @@ def exchange_schedule(
   return kinds
 
 
-def _check(learning_rate, b1, b2, eps, weight_decay, **ints) -> None:
-  if not callable(learning_rate) and not learning_rate > 0:
-    raise ValueError(f"learning_rate must be > 0 or a schedule, got {learning_rate}")
-  for name, value in (("b1", b1), ("b2", b2)):
-    if not 0 <= value < 1:
-      raise ValueError(f"{name} must be in [0, 1), got {value}")
-  if not eps > 0:
-    raise ValueError(f"eps must be > 0, got {eps}")
-  if not weight_decay >= 0:
-    raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-  for name, value in ints.items():
-    low = 0 if name == "var_freeze_step" else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-      raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
 def zero_one_adam(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -196,7 +180,7 @@ def zero_one_adam(
     >>> [round(float(x), 4) for x in u["w"]], int(state.var_updates)
     ([-0.1, 0.1], 1)
   """
-  _check(
+  check_adam(
     learning_rate,
     b1,
     b2,
