@@ -10,7 +10,9 @@ of :func:`exchange_schedule`, and the two must agree.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from jax import lax
 from test_onebit_adam import AXIS, N, mesh, np_onebit_allreduce, run_sharded, split
 
 import gradcomp
@@ -157,3 +159,30 @@ def test_no_two_state_leaves_share_a_buffer():
     leaves = jax.tree.leaves(tx.init(params))
     pointers = [x.unsafe_buffer_pointer() for x in leaves]
     assert len(set(pointers)) == len(pointers), type(tx.init(params)).__name__
+
+
+def test_bfloat16_params_and_pmap(mesh):
+  # bf16 params: float32 state, bf16 updates; under pmap, the shard_map
+  # result (the same arithmetic: a few ulps of values ~1).
+  rng = np.random.default_rng(7)
+  params = {"w": jnp.asarray(rng.normal(size=16), jnp.bfloat16)}
+  grads = {"w": jnp.asarray(rng.normal(size=(STEPS, N, 16)), jnp.bfloat16)}
+  tx = zero_one_adam(LR, axis_name=AXIS, **HYPER)
+  want, state = run_sharded(mesh, tx, params, grads, atol=1e-2)
+  assert want["w"].dtype == jnp.bfloat16 and state.nu["w"].dtype == np.float32
+
+  def body(g_seq, p):
+    def step(carry, g):
+      p, s = carry
+      u, s = tx.update(g, s, p)
+      return (optax.apply_updates(p, u), s), None
+
+    return lax.scan(step, (p, tx.init(p)), g_seq)[0][0]
+
+  per_device = jax.tree.map(lambda g: np.swapaxes(np.asarray(g), 0, 1), grads)
+  replicated = jax.tree.map(lambda x: np.broadcast_to(x, (N, *x.shape)), params)
+  got = jax.pmap(body, AXIS, devices=jax.devices()[:N])(per_device, replicated)
+  # bf16 params: one bf16 ulp (2^-8 of values ~1) per rounding differs.
+  np.testing.assert_allclose(
+    np.asarray(got["w"][0], np.float32), np.asarray(want["w"], np.float32), atol=2e-2
+  )
