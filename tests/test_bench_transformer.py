@@ -7,19 +7,10 @@ import numpy as np
 import pytest
 
 from gradcomp.bench import __main__ as bench_main
-from gradcomp.bench import transformer
+from gradcomp.bench import transformer, workloads
 
 STEPS, EVERY = 4, 2
-TINY = {
-  "dataset.context": 32,
-  # One narrow layer: the program's paths are the same, the compile is shorter.
-  "model.num_layers": 1,
-  "model.width": 32,
-  "model.num_heads": 2,
-  "global_batch_size": 16,
-  "dataset.max_eval_windows": 32,
-  "optimizer.warmup_steps": 1,
-}
+TINY = workloads.SMOKE  # One narrow layer: the same paths, a short compile.
 
 
 def test_time_to_target_interpolates_the_first_crossing():

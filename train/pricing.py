@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
+from gradcomp.compressors import scatter
 from gradcomp.parallel import wire, workers
 from gradcomp.schemes import async_ps as async_ps_lib
 from gradcomp.schemes import backup as backup_lib
@@ -274,3 +275,31 @@ def price_rounds(
     cluster_of(config, mesh.size), flops, is_round, round_wire_, num_steps
   )
   return Priced(per_step, round_wire_, seconds, {})
+
+
+def self_exchange_rounds(d: int, n: int) -> dict[str, dict[str, int]]:
+  """``{kind: {collective: bytes}}`` of 1-bit and 0/1 Adam's rounds on ``d`` values.
+
+  ``"dense"``: the float32 gradient's all-reduce; ``"onebit"``: the two-stage
+  1-bit all-reduce on ``n`` workers (``scatter.onebit_wire``); ``"none"``: a
+  local step of 0/1 Adam, which sends nothing.
+  """
+  return {
+    "dense": {"all-reduce": 4 * d},
+    "onebit": scatter.onebit_wire(d, n),
+    "none": {},
+  }
+
+
+def simulate_kinds(cluster, flops: float, kinds, rounds) -> np.ndarray:
+  """Simulated seconds after each step of a run whose step ``t`` sends ``rounds[kinds[t - 1]]``.
+
+  A barrier on every step that sends (``gradcomp.sim.simulate_rounds``).
+  """
+  return gradcomp.sim.simulate_rounds(
+    cluster,
+    flops,
+    lambda step: kinds[step - 1] != "none",
+    lambda step: rounds[kinds[step - 1]],
+    len(kinds),
+  )

@@ -343,22 +343,12 @@ def reprice(inputs: Mapping[str, Any], config, cluster_, steps: int) -> np.ndarr
     return gossip.reprice(inputs, cluster_, steps)
   flops = inputs["flops_per_step"]
   if "phase_wire" in inputs:  # 1-bit / 0/1 Adam: dense, 1-bit or no rounds.
-    from gradcomp.compressors import scatter
+    from train import pricing
 
     d = inputs["phase_wire"]["dense"]["all-reduce"] // 4
-    rounds = {
-      "dense": inputs["phase_wire"]["dense"],
-      "onebit": scatter.onebit_wire(d, cluster_.workers),
-      "none": {},
-    }
+    rounds = pricing.self_exchange_rounds(d, cluster_.workers)
     kinds, _ = optimizer.self_exchange_rounds(config.optimizer, steps)
-    return gradcomp.sim.simulate_rounds(
-      cluster_,
-      flops,
-      lambda step: kinds[step - 1] != "none",
-      lambda step: rounds[kinds[step - 1]],
-      steps,
-    )
+    return pricing.simulate_kinds(cluster_, flops, kinds, rounds)
   if "full_wire" in inputs:
     return gradcomp.sim.simulate_delayed(
       cluster_,

@@ -192,10 +192,10 @@ def zero_one_adam(
     local_step_clipper=local_step_clipper,
   )
   decay = optax.add_decayed_weights(weight_decay, mask)
-  rate = (lambda count: learning_rate(count)) if callable(learning_rate) else None
 
   def lr_at(count):
-    return jnp.asarray(rate(count) if rate else learning_rate, jnp.float32)
+    lr = learning_rate(count) if callable(learning_rate) else learning_rate
+    return jnp.asarray(lr, jnp.float32)
 
   def init_fn(params):
     zeros = lambda: jax.tree.map(lambda x: jnp.zeros(jnp.shape(x), jnp.float32), params)

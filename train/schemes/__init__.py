@@ -9,6 +9,7 @@ run (its config file, say).
 
 from __future__ import annotations
 
+from train import optimizer as optimizer_lib
 from train.schemes.base import Scheme
 from train.schemes.cdsgd import CDSGD
 from train.schemes.edgegossip import EdgeGossip
@@ -44,19 +45,13 @@ def names() -> tuple[str, ...]:
   return tuple(REGISTRY)
 
 
-def name_of(config) -> str:
-  """``config.scheme.name``; configs written before schemes existed are ``none``."""
-  scheme = config.get("scheme")
-  return "none" if scheme is None else scheme.name
-
-
 def get(config) -> type[Scheme]:
   """The scheme class of ``config``.
 
   Raises:
     ValueError: an unknown name, listing the registered ones.
   """
-  name = name_of(config)
+  name = optimizer_lib.scheme_name(config)
   if name not in REGISTRY:
     raise ValueError(
       f"unknown scheme {name!r} (config.scheme.name); valid: {', '.join(REGISTRY)}"
@@ -64,7 +59,7 @@ def get(config) -> type[Scheme]:
   return REGISTRY[name]
 
 
-__all__ = ["REGISTRY", "Scheme", "build", "get", "name_of", "names", "register"]
+__all__ = ["REGISTRY", "Scheme", "build", "get", "names", "register"]
 
 
 def build(config, order, total_steps: int, sizes=None, saved_plan=None, mask=None):

@@ -21,7 +21,6 @@ import numpy as np
 import optax
 
 import gradcomp
-from gradcomp.compressors import scatter
 from train import factors as factors_lib
 from train import optimizer as optimizer_lib
 from train import pricing
@@ -83,9 +82,7 @@ class Synchronous(Scheme):
   def _price_phases(self, params, step_wire, num_steps, flops):
     """1-bit and 0/1 Adam's rounds, each priced by what it sends.
 
-    Dense (the float32 gradient's all-reduce), 1-bit
-    (:func:`gradcomp.compressors.scatter.onebit_wire`) or nothing (0/1
-    Adam's local steps). The step's HLO holds every branch's collectives
+    Dense, 1-bit or nothing (:func:`train.pricing.self_exchange_rounds`). The step's HLO holds every branch's collectives
     beside the every-step ones (metrics, the finite-step agreement); the
     1-bit ones are checked against it.
     """
@@ -94,11 +91,7 @@ class Synchronous(Scheme):
     if self.per_worker_params:  # 0/1 Adam: one worker's params, not n copies.
       d //= n
     kinds, copies = optimizer_lib.self_exchange_rounds(self.config.optimizer, num_steps)
-    rounds = {
-      "dense": {"all-reduce": 4 * d},
-      "onebit": scatter.onebit_wire(d, n),
-      "none": {},
-    }
+    rounds = pricing.self_exchange_rounds(d, n)
     for kind, sent in rounds["onebit"].items():
       if step_wire.get(kind) != copies["onebit"] * sent:
         raise RuntimeError(
@@ -111,12 +104,8 @@ class Synchronous(Scheme):
     per_step = every_step + sum(sum(rounds[k].values()) for k in kinds) / max(
       num_steps, 1
     )
-    seconds = gradcomp.sim.simulate_rounds(
-      pricing.cluster_of(self.config, n),
-      flops,
-      lambda step: kinds[step - 1] != "none",
-      lambda step: rounds[kinds[step - 1]],
-      num_steps,
+    seconds = pricing.simulate_kinds(
+      pricing.cluster_of(self.config, n), flops, kinds, rounds
     )
     fields = {
       "phase_wire": {k: w for k, w in rounds.items() if k in kinds},
