@@ -7,10 +7,13 @@ Low-Communication Training of Language Models", Alg. 1: the average
 in the paper). MaxText's ``diloco.py`` averages the pseudo-gradients in full
 precision; here they go through any gradcomp compressor, whose error feedback
 is kept across rounds, so what crosses the wire is the compressor's payload.
+Its streaming form (fragments, overlap, eager updates) lives in
+``streaming.py``; ``local_sgd`` stays the one entry point.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -19,7 +22,9 @@ import optax
 
 from gradcomp.compressors import checks, exchange
 from gradcomp.parallel.branches import joined_cond
-from gradcomp.schemes import base
+from gradcomp.schemes import base, streaming
+from gradcomp.schemes.streaming import StreamingState as StreamingState
+from gradcomp.schemes.streaming import fragment_groups as fragment_groups
 
 
 class LocalSGDState(NamedTuple):
@@ -50,6 +55,11 @@ def local_sgd(
   outer: optax.GradientTransformation | None = None,
   compressor: optax.GradientTransformation | None = None,
   axis_name: str | None = None,
+  fragments: int | Sequence[Sequence[int]] = 1,
+  overlap: int = 0,
+  alpha: float = 0.0,
+  eager: bool = False,
+  order: Sequence[int] | None = None,
 ) -> optax.GradientTransformation:
   r"""Local SGD: ``every`` local steps, then a round that restarts every worker from one anchor.
 
@@ -87,6 +97,79 @@ def local_sgd(
   dense float mean without one); local steps send nothing. Amortised per
   step that is one ``every``-th of a round.
 
+  **Streaming DiLoCo** (Douillard et al. 2025, arXiv 2501.18512).
+  ``fragments=F`` splits the leaves into ``F`` groups of layers (see
+  :func:`gradcomp.schemes.local_sgd.fragment_groups`: layer ``j`` in
+  gradient-ready ``order`` goes to fragment ``j mod F``, the paper's strided
+  pattern). Fragment :math:`f` sends at the steps where ``count % every ==
+  f * every / F``; its round is the one above on its own leaves, with its
+  own anchor entries, compressor state (error feedback) and outer state.
+  ``overlap=tau`` applies what fragment :math:`f` sent at step :math:`t` at
+  step :math:`t + \tau`, after :math:`\tau` more local steps, merged as
+
+  .. math::
+
+    \Delta_{w} = a_f - x_{w,f}(t), \qquad
+    g_f = a_f + \mathrm{outer}(\mathrm{C}(\Delta_1, \dots, \Delta_n)), \qquad
+    a_f \leftarrow g_f, \qquad
+    x_{w,f}(t + \tau) \leftarrow \alpha\, x_{w,f}(t + \tau) + (1 - \alpha)\, g_f
+
+  ``eager=True`` is Kale et al. 2025 (arXiv 2502.12996, Algorithm 3, the
+  eager variant of the naive delayed Algorithm 2): at arrival each worker
+  swaps its own stale term in the mean for its fresh pseudo-gradient,
+
+  .. math::
+
+    \tilde\Delta_w = \mathrm{C}(\Delta_1, \dots, \Delta_n)
+      + \tfrac{1}{n}\big(\Delta_w^{\mathrm{fresh}} - \Delta_w\big), \qquad
+    \Delta_w^{\mathrm{fresh}} = a_f - x_{w,f}(t + \tau),
+
+  and applies ``outer`` to :math:`\tilde\Delta_w`. A step holds at most
+  one event (a fragment's send, or its arrival), chosen by one
+  ``lax.switch`` over ``1 + F`` branches (``1 + 2F`` with overlap), so
+  each branch's collectives carry one fragment's leaves. With ``overlap >
+  0`` the exchange runs at arrival on the pseudo-gradient kept in the
+  state since the send: no operand of the collective depends on the
+  arrival step's gradients or params, so it may run under that step's
+  forward and backward pass (the paper's overlap, one step's compute deep).
+
+  **Peak vs mean.** A step sends at most the largest fragment's payload, about
+  ``1/F`` of a DiLoCo round; the mean per step is unchanged, one round's
+  payload per ``every`` steps.
+
+  **Readings of what the papers leave open.**
+
+  - Steps count from 1: fragment 0 sends at multiples of ``every``, fragment
+    :math:`f > 0` first at step :math:`f\,\mathrm{every}/F`; a send whose
+    arrival falls after the last step never arrives.
+  - ``overlap`` lies in :math:`[0, \mathrm{every}/F)`: one round of a
+    fragment in flight at a time, and no step with two events (at
+    :math:`\tau = \mathrm{every}/F` fragment :math:`f`'s arrival would
+    meet fragment :math:`f+1`'s send). torchft's ``StreamingDiLoCo`` has the
+    same bound.
+  - After a merge with :math:`\alpha > 0` the anchor is the global value
+    :math:`g_f`, not the merged params (as torchft and MaxText do): the next
+    pseudo-gradient counts the local part the merge kept.
+  - ``alpha`` applies whatever ``overlap`` is; with ``overlap=0`` and
+    :math:`\alpha > 0` the round keeps :math:`\alpha` of the worker's params.
+  - Kale et al. overlap a whole outer step; here the delay is ``overlap``
+    inner steps within a round, and the fresh term is the pseudo-gradient
+    at arrival. With ``overlap=0`` it equals the sent one, so ``eager`` does
+    nothing (the code skips it). With eager updates the global values, and
+    so the anchor and the outer state, differ between workers: each applies
+    its own :math:`\tilde\Delta_w` to its own copy. The worker's own stale term is taken before compression
+    (:math:`\Delta_w/n`), since a compressor returns only the mean; error
+    feedback carries what its own payload missed.
+  - ``order`` only orders the layers for the strided assignment; the
+    rounds' schedule is by fragment index.
+  - Memory: ``overlap > 0`` keeps one params-sized buffer per worker for the
+    pseudo-gradient in flight.
+
+  ``fragments=1, overlap=0, alpha=0.0, eager=False`` (the defaults) run the
+  plain DiLoCo code above, bit for bit, with :class:`LocalSGDState`; any
+  other setting (explicit groups included) uses
+  :class:`gradcomp.schemes.streaming.StreamingState`.
+
   Args:
     inner: the worker's local optimizer (e.g. ``optax.sgd(0.1, momentum=0.9)``).
     every: local steps per round, >= 1.
@@ -97,14 +180,29 @@ def local_sgd(
       pseudo-gradient and returns the mean of the decoded payloads, keeping
       its error feedback across rounds. ``None``: the dense mean.
     axis_name: the mapped axis of the workers, or ``None`` for one worker.
+    fragments: the number of fragments ``F``, >= 1, dividing ``every``, at
+      most the number of layers (checked at ``init``); or explicit groups of
+      leaf indices that partition ``jax.tree.leaves(params)``.
+    overlap: inner steps between a fragment's send and its arrival, an
+      integer in ``[0, every / F)``.
+    alpha: the local share of a merge, in [0, 1]; 0 replaces the fragment by
+      its global value.
+    eager: Kale et al.'s eager updates (only acts with ``overlap > 0``).
+    order: leaf indices in gradient-ready order (e.g. from
+      ``gradcomp.fusion.gradient_order``) for the strided assignment;
+      ``None``: tree order.
 
   Returns:
-    An ``optax.GradientTransformation`` with :class:`LocalSGDState`; its
-    ``update`` requires ``params``.
+    An ``optax.GradientTransformation`` with :class:`LocalSGDState` (with
+    the defaults) or ``StreamingState``; its ``update`` requires ``params``.
 
   Raises:
-    ValueError: for ``every < 1`` or an ``inner``, ``outer`` or
-      ``compressor`` that is not an optax transformation.
+    ValueError: for ``every < 1``; an ``inner``, ``outer`` or
+      ``compressor`` that is not an optax transformation; ``every`` not a
+      multiple of ``fragments``; ``overlap``, ``alpha`` or ``eager`` out of
+      range; at ``init``, ``fragments`` above the number of layers, groups
+      that do not partition the leaves, or an ``order`` that is not a
+      permutation of them.
 
   Examples:
     >>> import jax.numpy as jnp, optax, gradcomp
@@ -117,12 +215,30 @@ def local_sgd(
 
   References:
     Paper 004 §2.3; Douillard et al., 2023, arXiv 2311.08105, Alg. 1;
-    Lin et al., "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020.
+    Lin et al., "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020;
+    Douillard et al., "Streaming DiLoCo with overlapping communication",
+    2025, arXiv 2501.18512; Kale et al., "Eager Updates For Overlapped
+    Communication and Computation in DiLoCo", 2025, arXiv 2502.12996,
+    Algorithms 2-3.
   """
   inner = base.transformation("inner", inner)
   every = checks.at_least("every", every, 1)
   outer = base.transformation("outer", outer, optional=True)
   compressor = base.transformation("compressor", compressor, optional=True)
+  _, overlap, alpha = streaming.check(every, fragments, overlap, alpha, eager)
+  if not (fragments == 1 and isinstance(fragments, int)) or overlap or alpha or eager:
+    return streaming.streaming(
+      inner,
+      every,
+      outer=outer,
+      compressor=compressor,
+      axis_name=axis_name,
+      fragments=fragments,
+      overlap=overlap,
+      alpha=alpha,
+      eager=eager,
+      order=order,
+    )
 
   def init_fn(params):
     return LocalSGDState(
