@@ -21,6 +21,7 @@ Example::
   python -m gradcomp.bench predictor --repeats 3
   python -m gradcomp.bench edgegossip --seeds 3
   python -m gradcomp.bench transformer --methods dense,topk,diloco --seeds 3
+  python -m gradcomp.bench device-step --model gpt2_small --batch 8
 """
 
 from __future__ import annotations
@@ -494,6 +495,27 @@ def _transformer_flags(p, methods, out: str) -> None:
   p.set_defaults(func=_transformer)
 
 
+def _device_step(args: argparse.Namespace) -> None:
+  from gradcomp.bench import device_step
+
+  specs = tuple(x for x in args.compressors.split(",") if x)
+  specs = specs or device_step.DEFAULT_COMPRESSORS
+  setup = device_step.Setup(
+    size=args.model.removeprefix("gpt_"),
+    vocab_size=args.vocab,
+    batch=args.batch,
+    length=args.length,
+    dtype=args.dtype,
+  )
+  try:
+    for spec in specs:
+      device_step.parse(spec)
+    setup.model()
+  except (ValueError, KeyError) as e:
+    raise SystemExit(f"python -m gradcomp.bench device-step: error: {e}") from None
+  device_step.run(specs, setup, repeats=args.repeats, out_dir=args.out)
+
+
 def _collectives(args: argparse.Namespace) -> None:
   from gradcomp.bench import collectives
 
@@ -779,6 +801,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     "AdamW after top-k / PowerSGD / EF-signSGD, 1-bit Adam, DeMo",
   )
   _transformer_flags(ad, transformer.ADAPTIVE_METHODS, "bench_out/adaptive/")
+  ds = suites.add_parser(
+    "device-step",
+    help="the compressor's share of a GPT AdamW step on one device (a GPU where "
+    "there is one): dense vs each compressor fused",
+  )
+  ds.add_argument(
+    "--model", default="gpt2_small", choices=["gpt_tiny", "gpt_small", "gpt2_small"]
+  )
+  ds.add_argument("--vocab", type=int, default=50_257, help="GPT-2's BPE by default")
+  ds.add_argument("--batch", type=int, default=8, help="sequences per step")
+  ds.add_argument("--length", type=int, default=None, help="tokens (the context)")
+  ds.add_argument("--dtype", default="bfloat16", help="the computation's dtype")
+  ds.add_argument(
+    "--compressors",
+    default="",
+    help="comma-separated name:plan, plan single or layerwise (default: top-k, "
+    "PowerSGD, EF-signSGD, signSGD, QSGD)",
+  )
+  ds.add_argument("--repeats", type=int, default=20, help="timed steps (median)")
+  ds.add_argument("--out", default="bench_out/", help="directory for device_step.*")
+  ds.set_defaults(func=_device_step)
   args = parser.parse_args(argv)
   if args.suite in ("sizes", "wire"):
     from gradcomp.bench import sizes, wire_suite
