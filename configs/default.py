@@ -80,7 +80,9 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   ``none`` is synchronous data parallelism. ``local_sgd`` takes ``every``
   and, for DiLoCo, ``outer_learning_rate`` (Nesterov SGD with
   ``outer_momentum``, default 0.9); its pseudo-gradients go through
-  ``config.compressor`` (``none``: the dense mean). ``easgd`` takes
+  ``config.compressor`` (``none``: the dense mean). Streaming DiLoCo adds
+  ``fragments``, ``overlap``, ``alpha`` (the merge weight of the local
+  params) and ``eager`` (Kale et al.'s eager updates). ``easgd`` takes
   ``alpha`` and ``every``. ``cdsgd`` (paper 001) takes
   ``local_learning_rate``, ``k``, ``warmup_steps``, ``message_scale`` and
   ``flush_residual``; ``config.optimizer`` is then its global (server)
@@ -104,6 +106,9 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   c.name = name
   for key, kind in (
     ("every", int),
+    ("fragments", int),
+    ("overlap", int),
+    ("eager", bool),
     ("alpha", float),
     ("outer_learning_rate", float),
     ("outer_momentum", float),

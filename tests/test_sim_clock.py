@@ -19,6 +19,7 @@ from gradcomp.sim.clock import (
   SimClock,
   forward_flops_per_sample,
   local_sgd_round_seconds,
+  simulate_overlapped_rounds,
   simulate_rounds,
   synchronous_step_seconds,
   training_flops,
@@ -200,6 +201,36 @@ def test_simulate_rounds_is_the_sum_of_round_prices(every):
   for first in range(1, 13, every):
     expected += local_sgd_round_seconds(c, R, first, every, wire)
     assert seconds[first + every - 1] == pytest.approx(expected, rel=1e-13)
+
+
+def test_overlap_zero_is_the_barrier_clock_and_overlap_hides_compute():
+  """Overlap 0 replays simulate_rounds; with overlap the exchange runs under compute."""
+  c = Cluster(
+    3, speeds=(1.0, 2.0, 4.0), flops_per_second=R, events=(Slowdown(1, 8.0, 2, 5),)
+  )
+  wire = lambda step: {"all-reduce": 4e6 * (1 + step % 2)}  # Fragments differ.
+  sends = lambda step: step % 3 == 0
+  barrier = simulate_rounds(c, R, sends, wire, 12)
+  np.testing.assert_array_equal(
+    simulate_overlapped_rounds(c, R, sends, wire, 12, 0), barrier
+  )
+  # Equal speeds, 1 s of compute a step, an exchange of comm s every 4 steps
+  # arriving 2 steps later: each round costs max(0, comm - 2) s of waiting.
+  plain = Cluster(2, flops_per_second=R)
+  for nbytes in (1e6, 4e9):
+    comm = plain.comm_seconds({"all-reduce": (nbytes, 1)})
+    got = simulate_overlapped_rounds(
+      plain, R, lambda s: s % 4 == 0, {"all-reduce": nbytes}, 12, 2
+    )
+    wait = max(0.0, comm - 2.0)
+    # Rounds after steps 4 and 8 arrive after steps 6 and 10; step 12's arrives later.
+    assert got[12] == pytest.approx(12 + 2 * wait, rel=1e-13)
+    assert (
+      got[12]
+      <= simulate_rounds(plain, R, lambda s: s % 4 == 0, {"all-reduce": nbytes}, 12)[12]
+    )
+  with pytest.raises(ValueError, match="overlap must be an int >= 0, got -1"):
+    simulate_overlapped_rounds(plain, R, sends, wire, 4, -1)
 
 
 def test_a_slowdown_delays_exactly_the_steps_it_covers():

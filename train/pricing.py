@@ -51,12 +51,15 @@ class Priced(NamedTuple):
     sim_seconds: float64, shape ``(steps + 1,)``: simulated seconds after
       each step.
     fields: more inputs of the clock, saved in ``sim.json``.
+    peak_bytes_per_step: the most one worker sends in any single step of the
+      run (a round's step, a warm-up's dense step), logged beside the mean.
   """
 
   wire_bytes_per_step: float
   round_wire: dict[str, int]
   sim_seconds: np.ndarray
   fields: dict[str, Any]
+  peak_bytes_per_step: float
 
 
 def round_wire(round_tx, mesh, params) -> dict[str, int]:
@@ -78,6 +81,18 @@ def round_wire(round_tx, mesh, params) -> dict[str, int]:
   return wire.collective_bytes(text)
 
 
+def peak_bytes(step_wire, round_wires, is_round, num_steps: int) -> float:
+  """The most one step sends: every step's own collectives, plus the largest round.
+
+  ``round_wires``: the ``{kind: bytes}`` of each distinct round the step's
+  HLO holds once (one per Streaming DiLoCo fragment; one for local SGD).
+  """
+  sizes = [sum(w.values()) for w in round_wires]
+  per_step = sum(step_wire.values()) - sum(sizes)
+  any_round = any(is_round(s) for s in range(1, num_steps + 1))
+  return per_step + (max(sizes, default=0) if any_round else 0)
+
+
 def amortised_bytes(step_wire, round_wire, is_round, num_steps: int) -> float:
   """Bytes per step over the run: every step's own collectives, plus the
   round's on the steps that have one.
@@ -94,7 +109,7 @@ def amortised_bytes(step_wire, round_wire, is_round, num_steps: int) -> float:
 def _cdsgd_wire(config, plan, mesh, params, step_wire, num_steps):
   """CD-SGD's two exchanges (from their compiled HLO) and its bytes per step.
 
-  Returns ``(full, compressed, bytes_per_step)``: ``full`` is the dense
+  Returns ``(full, compressed, bytes_per_step, peak)``: ``full`` is the dense
   all-reduce of a message (or of a warm-up gradient), ``compressed`` the
   compressor's exchange (``{}`` when no step compresses). The step's HLO
   holds the full all-reduce once per branch that runs it (the correction,
@@ -118,8 +133,9 @@ def _cdsgd_wire(config, plan, mesh, params, step_wire, num_steps):
   )
   sizes = {"full": sum(full.values()), "compressed": sum(compressed.values())}
   per_step = other + sum(sizes[k] for k in kinds) / max(num_steps, 1)
+  peak = other + max((sizes[k] for k in kinds), default=0)
   drop_zero = lambda wire: {k: b for k, b in wire.items() if b}
-  return drop_zero(full), drop_zero(compressed), per_step
+  return drop_zero(full), drop_zero(compressed), per_step, peak
 
 
 #: The described cluster of ``config.cluster`` (it also prices the fusion plan).
@@ -186,8 +202,9 @@ def backup_clock(config, num_steps: int, table: np.ndarray) -> np.ndarray:
 
 def price_timed(step_wire, seconds: np.ndarray) -> Priced:
   """A timed scheme's wire (every step's own) and its clock ``seconds``."""
+  every_step = sum(step_wire.values())
   return Priced(
-    sum(step_wire.values()), {k: b for k, b in step_wire.items() if b}, seconds, {}
+    every_step, {k: b for k, b in step_wire.items() if b}, seconds, {}, every_step
   )
 
 
@@ -235,12 +252,14 @@ def price_gossip(
     "topology": topology.summary(),
     "overlap": overlap,
   }
-  return Priced(per_step, {"collective-permute": int(message)}, seconds, fields)
+  return Priced(
+    per_step, {"collective-permute": int(message)}, seconds, fields, per_step
+  )
 
 
 def price_delayed(config, plan, mesh, params, step_wire, num_steps, flops) -> Priced:
   """CD-SGD: the exchange of step t runs under step t+1's compute (paper 001 eqs. 6-7)."""
-  full, compressed, per_step = _cdsgd_wire(
+  full, compressed, per_step, peak = _cdsgd_wire(
     config, plan, mesh, params, step_wire, num_steps
   )
   seconds = gradcomp.sim.simulate_delayed(
@@ -253,7 +272,7 @@ def price_delayed(config, plan, mesh, params, step_wire, num_steps, flops) -> Pr
     steps=num_steps,
   )
   fields = {"full_wire": full, "compressed_wire": compressed}
-  return Priced(per_step, compressed or full, seconds, fields)
+  return Priced(per_step, compressed or full, seconds, fields, peak)
 
 
 def price_rounds(
@@ -268,13 +287,15 @@ def price_rounds(
   """
   if round_wire_ is None:
     round_wire_, per_step = step_wire, sum(step_wire.values())
+    peak = per_step
   else:
     per_step = amortised_bytes(step_wire, round_wire_, is_round, num_steps)
+    peak = peak_bytes(step_wire, [round_wire_], is_round, num_steps)
   round_wire_ = {k: b for k, b in round_wire_.items() if b}
   seconds = gradcomp.sim.simulate_rounds(
     cluster_of(config, mesh.size), flops, is_round, round_wire_, num_steps
   )
-  return Priced(per_step, round_wire_, seconds, {})
+  return Priced(per_step, round_wire_, seconds, {}, peak)
 
 
 def self_exchange_rounds(d: int, n: int) -> dict[str, dict[str, int]]:

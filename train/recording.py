@@ -32,8 +32,9 @@ class StepLog:
       consensus distance).
     outputs: ``(writer, progress)``: the run's ``logs.MetricWriter`` and
       ``logs.Progress``.
-    clock: ``(wire_bytes, sim_at)``: bytes one worker sends per step, and
-      ``step -> simulated seconds`` (or ``None``).
+    clock: ``(wire_bytes, peak_bytes, sim_at)``: bytes one worker sends per
+      step over the run and in its largest step, and ``step -> simulated
+      seconds`` (or ``None``).
     steps: ``(start, num_steps)``: the step the run starts after, its last.
     global_state: ``() -> (params, model_state, opt_state)`` in the
       checkpoint's layout.
@@ -47,7 +48,7 @@ class StepLog:
     scheme,
     per_worker: bool,
     outputs: tuple,
-    clock: tuple[float, Callable[[int], float | None]],
+    clock: tuple[float, float, Callable[[int], float | None]],
     steps: tuple[int, int],
     global_state: Callable,
     last_checkpoint: Callable[[], int | None],
@@ -55,7 +56,7 @@ class StepLog:
     self.config, self.workload, self.scheme = config, workload, scheme
     self.per_worker = per_worker
     self.writer, self.progress = outputs
-    self.wire_bytes, self.sim_at = clock
+    self.wire_bytes, self.peak_bytes, self.sim_at = clock
     start, self.num_steps = steps
     self.global_state = global_state
     self.last_checkpoint = last_checkpoint
@@ -123,6 +124,7 @@ class StepLog:
       "samples_per_sec": samples_per_sec,
       **self.workload.throughput(samples_per_sec),
       "wire_bytes_per_step": self.wire_bytes,
+      "peak_wire_bytes_per_step": self.peak_bytes,
       "sim_seconds": self.sim_at(step),
       "l2_grads": m["l2_grads"],
       "l2_updates": m["l2_updates"],

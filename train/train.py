@@ -217,6 +217,7 @@ def _price(program: Program, scheme, train_step, placed, workdir: Path, lead: bo
       flops_per_step=program.flops,
       round_wire=priced.round_wire,
       wire_bytes_per_step=priced.wire_bytes_per_step,
+      peak_bytes_per_step=priced.peak_bytes_per_step,
       **priced.fields,
     )
   return priced
@@ -315,7 +316,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     scheme,
     layout.params_per_worker,
     (writer, progress),
-    (priced.wire_bytes_per_step, sim_at),
+    (priced.wire_bytes_per_step, priced.peak_bytes_per_step, sim_at),
     (start, num_steps),
     global_state,
     checkpoints.latest_step,

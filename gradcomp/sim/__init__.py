@@ -14,6 +14,7 @@ and parallel (gossip topologies), never fusion, schemes or bench.
 from gradcomp.sim.clock import SimClock as SimClock
 from gradcomp.sim.clock import forward_flops_per_sample as forward_flops_per_sample
 from gradcomp.sim.clock import local_sgd_round_seconds as local_sgd_round_seconds
+from gradcomp.sim.clock import simulate_overlapped_rounds as simulate_overlapped_rounds
 from gradcomp.sim.clock import simulate_rounds as simulate_rounds
 from gradcomp.sim.clock import synchronous_step_seconds as synchronous_step_seconds
 from gradcomp.sim.clock import training_flops as training_flops

@@ -242,13 +242,14 @@ class Scheme:
 
 
 def scheme_transformation(
-  scheme: Scheme, local, compressor_tx, speeds=None
+  scheme: Scheme, local, compressor_tx, speeds=None, **extra
 ) -> optax.GradientTransformation:
   """``scheme.factory(local, ...)`` with the set fields of ``config.scheme``.
 
   Fields the factory does not take are dropped with a warning; ``speeds``
   (the described cluster's ``(steps, workers)`` table) goes to a factory
-  that takes them.
+  that takes them; ``extra`` keywords (what the program knows, such as the
+  gradient order) go to it as they are.
   """
   config, name, factory = scheme.config, scheme.name, scheme.factory
   cfg = config.scheme
@@ -294,7 +295,7 @@ def scheme_transformation(
       f"scheme {name} needs config.scheme.{missing[0]} (a keyword of "
       f"gradcomp.{name}); e.g. --config.scheme.{missing[0]}=..."
     )
-  return factory(local, axis_name=step_lib.AXIS, **kwargs)
+  return factory(local, axis_name=step_lib.AXIS, **kwargs, **extra)
 
 
 def build_optimizer(scheme: Scheme, order, sizes, saved_plan, total_steps, mask=None):

@@ -96,7 +96,7 @@ class EdgeGossip(Scheme):
       "push_seconds": edge.push_seconds,
     }
     wire = {"collective-permute": int(message)}
-    return pricing.Priced(per_step, wire, self.sim_seconds, fields)
+    return pricing.Priced(per_step, wire, self.sim_seconds, fields, per_step)
 
   def _start_epoch(self, plan) -> None:
     """Price a planned (or restored) epoch and fill its steps' simulated times."""

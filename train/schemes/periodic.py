@@ -7,11 +7,14 @@ the steps (``train.pricing.price_rounds``).
 
 from __future__ import annotations
 
+import jax
+
 import gradcomp
+from gradcomp.schemes import local_sgd as local_sgd_lib
 from train import optimizer as optimizer_lib
 from train import pricing
 from train import step as step_lib
-from train.schemes.base import Scheme
+from train.schemes.base import Scheme, scheme_transformation
 
 
 class _Rounds(Scheme):
@@ -38,14 +41,100 @@ class LocalSGD(_Rounds):
 
   ``every`` defaults to 8: the local SGD period the project's evidence uses
   and DESIGN §5's default (DiLoCo's own H = 500 assumes far longer runs).
+
+  **Streaming DiLoCo** (``fragments``, ``overlap``, ``alpha``, ``eager``;
+  DESIGN §9): fragments are strided layers in the gradient-ready order the
+  program measured. Each fragment is its own unit of compression: the
+  compressor sees one fused buffer per fragment (``config.fusion.plan``
+  ``layerwise`` keeps one per leaf; ``auto``'s groups span fragments, so it
+  becomes ``single``). Each fragment's round is priced from its own compiled
+  exchange; the clock overlaps it with ``overlap`` steps of compute
+  (``gradcomp.sim.simulate_overlapped_rounds``), and the peak bytes per step
+  are the largest fragment's.
   """
 
   name = "local_sgd"
   factory = staticmethod(gradcomp.local_sgd)
   defaults = {"every": 8}
 
+  @property
+  def streaming(self) -> bool:
+    """Whether a Streaming DiLoCo field is set away from plain local SGD."""
+    cfg = self.config.scheme
+    return (
+      cfg.get("fragments") not in (None, 1)
+      or bool(cfg.get("overlap"))
+      or bool(cfg.get("alpha"))
+      or bool(cfg.get("eager"))
+    )
+
+  def optimizer(self, order, sizes, saved_plan, total_steps, mask=None):
+    self.order = order  # The strided fragments follow it.
+    return super().optimizer(order, sizes, saved_plan, total_steps, mask)
+
+  def _fragment_tx(self, codec):
+    """The compressor of one fragment's subtree (the dense mean without one)."""
+    if codec is None:
+      return None
+    plan = "layerwise" if self.config.fusion.plan == "layerwise" else "single"
+    return gradcomp.layerfusion(codec, plan)
+
+  def wrap(self, local, fused, codec):
+    if not self.streaming:
+      return super().wrap(local, fused, codec)
+    return scheme_transformation(
+      self, local, self._fragment_tx(codec), order=self.order
+    )
+
   def round_tx(self, plan):
     return optimizer_lib.round_exchange(self.config, step_lib.AXIS, plan)
+
+  def price(self, plan, params, step_wire, num_steps, flops):
+    if not self.streaming:
+      return super().price(plan, params, step_wire, num_steps, flops)
+    cfg = self.config.scheme
+    every, overlap = cfg.every, cfg.get("overlap") or 0
+    groups = local_sgd_lib.fragment_groups(
+      params, cfg.get("fragments") or 1, self.order
+    )
+    codec = None
+    if self.config.compressor.name != "none":
+      codec = optimizer_lib.compressor(self.config.compressor, step_lib.AXIS)
+    tx = self._fragment_tx(codec) or gradcomp.none(step_lib.AXIS)
+    leaves, treedef = jax.tree.flatten(params)
+    wires = []
+    for group in groups:
+      subtree = [leaf if i in group else None for i, leaf in enumerate(leaves)]
+      wires.append(pricing.round_wire(tx, self.mesh, treedef.unflatten(subtree)))
+    spacing = every // len(groups)
+    is_send = lambda step: step % spacing == 0
+    wire_at = lambda step: wires[(step % every) // spacing]
+    # The step's HLO holds each fragment's round once (in its branch).
+    every_step = sum(step_wire.values()) - sum(sum(w.values()) for w in wires)
+    if every_step < 0:
+      raise RuntimeError(
+        f"the compiled step sends {step_wire} but its fragments' rounds alone "
+        f"{wires}: the pricing is out of date"
+      )
+    sent = [sum(wire_at(s).values()) for s in range(1, num_steps + 1) if is_send(s)]
+    per_step = every_step + sum(sent) / max(num_steps, 1)
+    peak = pricing.peak_bytes(step_wire, wires, is_send, num_steps)
+    seconds = gradcomp.sim.simulate_overlapped_rounds(
+      pricing.cluster_of(self.config, self.mesh.size),
+      flops,
+      is_send,
+      wire_at,
+      num_steps,
+      overlap,
+    )
+    fields = {
+      "fragments": len(groups),
+      "overlap": overlap,
+      "fragment_wire": wires,
+      "fragment_leaves": [len(g) for g in groups],
+    }
+    largest = max(wires, key=lambda w: sum(w.values()))
+    return pricing.Priced(per_step, largest, seconds, fields, peak)
 
 
 class EASGD(_Rounds):

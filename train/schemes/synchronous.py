@@ -111,4 +111,5 @@ class Synchronous(Scheme):
       "phase_wire": {k: w for k, w in rounds.items() if k in kinds},
       "phases": {k: kinds.count(k) for k in rounds if k in kinds},
     }
-    return pricing.Priced(per_step, rounds["onebit"], seconds, fields)
+    peak = every_step + max(sum(rounds[k].values()) for k in set(kinds))
+    return pricing.Priced(per_step, rounds["onebit"], seconds, fields, peak)
