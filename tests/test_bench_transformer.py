@@ -101,3 +101,36 @@ def test_steps_must_exceed_the_warm_up(tmp_path):
       methods=[transformer.METHODS["dense"]], seeds=1, steps=10, out_dir=str(tmp_path)
     )
   assert not list(tmp_path.iterdir())  # Nothing trained.
+
+
+def test_streaming_suite_prices_fragments_and_fp4_sends_an_eighth(tmp_path):
+  from gradcomp.bench import streaming
+
+  methods = [streaming.METHODS["diloco"], streaming.METHODS["streaming_f4_fp4"]]
+  every = 8  # 4 fragments, one sent every 2 steps: a whole round in 8 steps.
+  out = streaming.run(
+    methods,
+    seeds=1,
+    steps=every,
+    eval_every=every,
+    target_bpb=8.0,
+    out_dir=str(tmp_path),
+    overrides={**TINY, "scheme.every": every},
+  )["streaming"]
+  diloco, fp4 = out["rows"]["diloco"], out["rows"]["streaming_f4_fp4"]
+  assert diloco["fragment_bytes"] == [] and len(fp4["fragment_bytes"]) == 4
+  dense_round = 4 * out["params"]
+  # E2M1 codes, two per byte, and one E8M0 scale per 32 values (per fragment,
+  # each padded to whole blocks): at most 0.14 of the float32 round.
+  assert sum(fp4["fragment_bytes"]) <= 0.14 * dense_round
+  assert fp4["peak_bytes_per_step"] < diloco["peak_bytes_per_step"]
+  assert out["wan_scale"] == pytest.approx(streaming.GPT2_SMALL_PARAMS / out["params"])
+  for table in (out["wan"], out["wan_gpt2_small"]):
+    assert len(table["diloco"]) == len(streaming.WAN)
+    for label in table:
+      # More bandwidth never makes a run slower (same datacentres, latency).
+      for dcs, _, ms in streaming.WAN:
+        seconds = [table[label][streaming._key(dcs, g, ms)] for g in (1.0, 10.0, 100.0)]
+        assert seconds == sorted(seconds, reverse=True)
+  text = (tmp_path / "streaming.md").read_text()
+  assert "| streaming_f4_fp4 |" in text and "extrapolation" in text

@@ -21,6 +21,7 @@ Example::
   python -m gradcomp.bench predictor --repeats 3
   python -m gradcomp.bench edgegossip --seeds 3
   python -m gradcomp.bench transformer --methods dense,topk,diloco --seeds 3
+  python -m gradcomp.bench streaming --seeds 1
   python -m gradcomp.bench device-step --model gpt2_small --batch 8
 """
 
@@ -441,20 +442,26 @@ def _transformer(args: argparse.Namespace) -> None:
   import jax
   from absl import logging
 
-  labels = _methods(args.suite, args.methods, transformer.METHODS)
+  if args.suite == "streaming":
+    from gradcomp.bench import streaming
+
+    known, runner = streaming.METHODS, streaming.run
+  else:
+    known, runner = transformer.METHODS, transformer.run
+  labels = _methods(args.suite, args.methods, known)
   for name in ("seeds", "steps", "eval_every"):
     value = getattr(args, name)
     if value is not None and value < 1:
       flag = "--" + name.replace("_", "-")
       raise SystemExit(
-        f"python -m gradcomp.bench transformer: error: {flag} must be >= 1, got {value}"
+        f"python -m gradcomp.bench {args.suite}: error: {flag} must be >= 1, got {value}"
       )
   # Before any computation: virtual CPU devices must be configured first.
   jax.config.update("jax_num_cpu_devices", transformer.WORKERS)
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   try:
-    transformer.run(
-      methods=[transformer.METHODS[x] for x in labels],
+    runner(
+      methods=[known[x] for x in labels],
       seeds=args.seeds,
       steps=args.steps,
       eval_every=args.eval_every,
@@ -463,11 +470,17 @@ def _transformer(args: argparse.Namespace) -> None:
       reuse=args.reuse,
     )
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench transformer: error: {e}") from None
+    raise SystemExit(f"python -m gradcomp.bench {args.suite}: error: {e}") from None
+
+
+def _streaming_methods() -> tuple[str, ...]:
+  from gradcomp.bench import streaming
+
+  return streaming.DEFAULT_METHODS
 
 
 def _transformer_flags(p, methods, out: str) -> None:
-  """The transformer suite's flags (``transformer`` and ``adaptive``)."""
+  """The transformer suite's flags (``transformer``, ``adaptive``, ``streaming``)."""
   p.add_argument(
     "--methods",
     default=",".join(methods),
@@ -801,6 +814,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     "AdamW after top-k / PowerSGD / EF-signSGD, 1-bit Adam, DeMo",
   )
   _transformer_flags(ad, transformer.ADAPTIVE_METHODS, "bench_out/adaptive/")
+  sd = suites.add_parser(
+    "streaming",
+    help="Streaming DiLoCo on gpt_tiny: DDP, DiLoCo, F = 4 fragments with overlap "
+    "0 / 1 / 5, eager updates, fp8 / fp4 / top-k outer gradients: loss, mean and "
+    "peak bytes, simulated time on WAN clusters",
+  )
+  _transformer_flags(sd, _streaming_methods(), "bench_out/streaming/")
+  sd.set_defaults(seeds=1)
   ds = suites.add_parser(
     "device-step",
     help="the compressor's share of a GPT AdamW step on one device (a GPU where "

@@ -333,8 +333,10 @@ def reprice(inputs: Mapping[str, Any], config, cluster_, steps: int) -> np.ndarr
   Returns:
     float64 array of shape ``(steps + 1,)``: gossip (a ``topology`` in
     ``inputs``) by ``gossip.reprice``; CD-SGD (``full_wire``) by
-    ``gradcomp.sim.simulate_delayed``; otherwise a barrier and the round's
-    wire on the scheme's round steps, ``gradcomp.sim.simulate_rounds``.
+    ``gradcomp.sim.simulate_delayed``; Streaming DiLoCo (``fragment_wire``)
+    by ``gradcomp.sim.simulate_overlapped_rounds``; otherwise a barrier and
+    the round's wire on the scheme's round steps,
+    ``gradcomp.sim.simulate_rounds``.
   """
   import gradcomp
   from train import optimizer
@@ -358,6 +360,17 @@ def reprice(inputs: Mapping[str, Any], config, cluster_, steps: int) -> np.ndarr
       k=config.scheme.get("k") or 2,
       warmup_steps=config.scheme.warmup_steps,
       steps=steps,
+    )
+  if "fragment_wire" in inputs:  # Streaming DiLoCo: one fragment per send.
+    wires, every = inputs["fragment_wire"], config.scheme.every
+    spacing = every // len(wires)
+    return gradcomp.sim.simulate_overlapped_rounds(
+      cluster_,
+      flops,
+      lambda step: step % spacing == 0,
+      lambda step: wires[(step % every) // spacing],
+      steps,
+      inputs["overlap"],
     )
   return gradcomp.sim.simulate_rounds(
     cluster_, flops, optimizer.round_steps(config), inputs["round_wire"], steps
