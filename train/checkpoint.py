@@ -7,6 +7,10 @@ the data position (``train.data.batches(..., start_step=step)`` resumes the
 batch order exactly). Orbax writes each checkpoint to a temporary directory
 and renames it when complete, so a run killed mid-save leaves the previous
 checkpoint as the latest.
+
+Each checkpoint also records, in Orbax's metadata, the number of workers
+that saved it: a run resumed on another number moves the state by the rules
+of ``train/elastic.py`` (elastic resume, DESIGN §9).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 State = dict[str, Any]
 
@@ -33,21 +39,44 @@ def _all_finite(tree) -> bool:
   return bool(_finite(leaves)) if leaves else True
 
 
+def name_of(path) -> str:
+  """Orbax's name of the array at a key path: ``opt_state.inner_state.0.count``."""
+  keys = []
+  for key in path:
+    if isinstance(key, GetAttrKey):
+      keys.append(key.name)
+    elif isinstance(key, SequenceKey):
+      keys.append(str(key.idx))
+    elif isinstance(key, DictKey):
+      keys.append(str(key.key))
+    else:
+      raise TypeError(f"no Orbax name for key {key!r} of {path}")
+  return ".".join(keys)
+
+
 class Checkpointer:
   """Saves and restores the train state under ``directory``.
 
   Args:
     directory: where the numbered checkpoints go.
     max_to_keep: how many of the latest checkpoints are kept.
+    workers: the run's number of workers, recorded with each checkpoint
+      (``None``: not recorded).
   """
 
-  def __init__(self, directory: str | Path, max_to_keep: int):
+  def __init__(
+    self, directory: str | Path, max_to_keep: int, workers: int | None = None
+  ):
+    self._workers = workers
     self._manager = ocp.CheckpointManager(
       Path(directory).absolute(),
       # A run killed mid-save leaves a temporary directory; drop it on restart.
       options=ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True
       ),
+      # Named up front, so the saved arrays' metadata is readable before any
+      # restore (``saved``).
+      item_handlers=ocp.StandardCheckpointHandler(),
     )
 
   def latest_step(self) -> int | None:
@@ -65,12 +94,37 @@ class Checkpointer:
       )
     # Orbax copies the arrays to host before returning, so the next step may
     # donate (delete) their buffers.
-    self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+    custom = None if self._workers is None else {"workers": self._workers}
+    self._manager.save(
+      step, args=ocp.args.StandardSave(state), force=True, custom_metadata=custom
+    )
 
   def restore(self, step: int, like: State) -> State:
     """Checkpoint ``step`` laid out (shapes, dtypes, shardings) like ``like``."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+  def saved(self, step: int) -> tuple[int | None, dict[str, tuple[int, ...]]]:
+    """``(workers, shapes)`` of checkpoint ``step``, from its metadata (one read).
+
+    ``workers``: the number of workers that saved it, if it says; ``shapes``:
+    the shape of every saved array, by :func:`name_of` its path.
+    """
+    metadata = self._manager.metadata(step)
+    workers = (metadata.custom_metadata or {}).get("workers")
+    shapes = {
+      leaf.name: tuple(leaf.shape)
+      for leaf in jax.tree.leaves(metadata.item_metadata.tree)
+    }
+    return (None if workers is None else int(workers)), shapes
+
+  def restore_host(self, step: int, like: State) -> State:
+    """Checkpoint ``step`` as host NumPy arrays in ``like``'s tree (shapes as saved).
+
+    ``like``'s leaves give shape and dtype (``jax.ShapeDtypeStruct`` or arrays).
+    """
+    template = jax.tree.map(lambda x: np.empty(x.shape, x.dtype), like)
+    return self._manager.restore(step, args=ocp.args.StandardRestore(template))
 
   def close(self) -> None:
     """Waits for pending saves, then releases the manager."""

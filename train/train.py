@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 import gradcomp
 from gradcomp.parallel import wire
 from train import checkpoint as checkpoint_lib
-from train import logs, pricing, schemes
+from train import elastic, logs, pricing, schemes
 from train import optimizer as optimizer_lib
 from train import step as step_lib
 from train import workload as workload_lib
@@ -282,11 +282,12 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   layout, num_steps = program.layout, program.num_steps
 
   checkpoints = checkpoint_lib.Checkpointer(
-    workdir / CHECKPOINT_DIR, config.checkpoints_to_keep
+    workdir / CHECKPOINT_DIR, config.checkpoints_to_keep, workers=mesh.size
   )
-  state = program.state
+  state, moved = program.state, None
   if (latest := checkpoints.latest_step()) is not None:
-    state = checkpoints.restore(latest, like=state)
+    # Moved to this run's workers if saved on another number (DESIGN §9).
+    state, moved = elastic.restore(checkpoints, latest, state, layout, scheme)
   start = int(state["step"])
   scheme.restore(state, layout)
   if lead:
@@ -310,6 +311,9 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   writer = logs.MetricWriter(workdir, resume_step=start, enabled=lead)
   progress = logs.Progress(num_steps, enabled=lead)
   _announce(progress, config, work, scheme, mesh, priced, start)
+  if moved is not None:
+    writer.write(start, elastic=moved)
+    progress.message(elastic.describe(moved))
   record = StepLog(
     config,
     work,

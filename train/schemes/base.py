@@ -12,7 +12,8 @@ it builds one per run and calls its hooks, in this order:
    :meth:`prepare` (the run's steps, once the FLOPs are known) and
    :meth:`optimizer`;
 3. :meth:`initial_state` / :meth:`restore` / :meth:`saved_state`: what the
-   scheme checkpoints beside params and optimizer state;
+   scheme checkpoints beside params and optimizer state (and :meth:`elastic`:
+   how those entries move to another number of workers);
 4. :meth:`price`: bytes per step and the simulated clock;
 5. per step :meth:`batch` and :meth:`after_step`; per log row :meth:`log`;
    per evaluation :meth:`evaluate`.
@@ -197,6 +198,25 @@ class Scheme:
     """Reads its entries of the run's ``state`` (restored, or initial), once laid out."""
 
   def saved_state(self) -> dict[str, Any]:
+    return {}
+
+  def elastic(self, entries: dict[str, Any], from_workers: int) -> dict[str, Any]:
+    """Its checkpoint entries, saved on ``from_workers`` workers, for this run's.
+
+    For an elastic resume (``train/elastic.py``): ``entries`` are the
+    entries :meth:`initial_state` names, as saved (host arrays). A scheme
+    that checkpoints entries of its own overrides this with their rules.
+
+    Raises:
+      ValueError: by default, naming an entry: no rule moves it, and none is
+        reset silently.
+    """
+    for key in entries:
+      raise ValueError(
+        f"elastic resume from {from_workers} to {self.mesh.size} workers: no rule "
+        f"for state[{key!r}], scheme {self.name}'s own checkpoint entry; resume "
+        f"it on {from_workers} workers"
+      )
     return {}
 
   # -- Wire and clock -------------------------------------------------------
