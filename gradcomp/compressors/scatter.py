@@ -123,10 +123,12 @@ def onebit_wire(d: int, n: int) -> dict[str, int]:
   """``{kind: bytes}`` one worker's :func:`onebit_allreduce` of ``d`` values puts on the wire.
 
   The all-to-all's operands (``n`` chunks of sign words and ``n`` scales)
-  and the all-gather's (the owner's words and scale).
+  and the all-gather's (the owner's words and scale). On one worker XLA
+  compiles the all-to-all away and keeps the (trivial) all-gather.
   """
   words = math.ceil(chunk_size(d, n) / bits.WORD)
-  return {"all-to-all": 4 * (n * words + n), "all-gather": 4 * (words + 1)}
+  all_to_all = 0 if n == 1 else 4 * (n * words + n)
+  return {"all-to-all": all_to_all, "all-gather": 4 * (words + 1)}
 
 
 def onebit_payload_bytes(d: int, n: int) -> int:

@@ -93,7 +93,7 @@ class Synchronous(Scheme):
     kinds, copies = optimizer_lib.self_exchange_rounds(self.config.optimizer, num_steps)
     rounds = pricing.self_exchange_rounds(d, n)
     for kind, sent in rounds["onebit"].items():
-      if step_wire.get(kind) != copies["onebit"] * sent:
+      if step_wire.get(kind, 0) != copies["onebit"] * sent:
         raise RuntimeError(
           f"the compiled step sends {step_wire.get(kind)} bytes by {kind}, "
           f"{copies['onebit']} 1-bit exchanges {copies['onebit'] * sent}: the "
