@@ -7,6 +7,10 @@ an abstract mesh to count its wire bytes, and it must refuse a profile measured
 for another compressor. Every public factory is therefore wrapped by
 :func:`recorded`, which files a :class:`CompressorSpec` under the returned
 transformation's ``update`` function (weakly, so nothing is kept alive).
+
+Being the one place every public factory goes through, :func:`recorded` also
+guards ``axis_name`` against params sharded across it (``axes.checked``,
+DESIGN §7; a no-op unless ``axis_name`` names several mesh axes).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 import optax
+
+from gradcomp.compressors import axes
 
 _SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -59,7 +65,11 @@ class CompressorSpec:
 
 
 def recorded(factory):
-  """Decorates a compressor factory so that :func:`spec_of` can describe its results."""
+  """Decorates a compressor factory so that :func:`spec_of` can describe its results.
+
+  The result's ``init`` and ``update`` also refuse params that are different
+  shards across the factory's ``axis_name`` (:func:`axes.checked`).
+  """
   signature = inspect.signature(factory)
 
   @functools.wraps(factory)
@@ -67,6 +77,7 @@ def recorded(factory):
     tx = factory(*args, **kwargs)
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
+    tx = axes.checked(tx, bound.arguments.get("axis_name"))
     _SPECS[tx.update] = CompressorSpec(build, tuple(bound.arguments.items()))
     return tx
 

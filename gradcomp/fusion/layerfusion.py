@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from gradcomp.compressors import axes
 from gradcomp.compressors.spec import spec_of
 from gradcomp.fusion import profiling
 from gradcomp.fusion import search as fusion_search
@@ -117,7 +118,11 @@ def layerfusion(
   Planning is static Python on the number of leaves, so the wrapper works
   inside ``jit``, ``shard_map`` and ``pmap``; ``init`` accepts
   ``jax.ShapeDtypeStruct`` params. ``params``, when given to ``update``, are
-  fused the same way before ``inner`` sees them.
+  fused the same way before ``inner`` sees them. When ``inner`` is a gradcomp
+  compressor whose ``axis_name`` names several mesh axes, the unfused params
+  are checked against it first (``gradcomp.compressors.axes``): a fused
+  buffer varies over the union of its leaves' axes, which can hide one leaf
+  sharded across ``axis_name``.
 
   Args:
     inner: the transformation (usually a gradcomp compressor) applied to the
@@ -184,12 +189,13 @@ def layerfusion(
 
   if search not in fusion_search.METHODS:
     raise ValueError(f"search must be one of {fusion_search.METHODS}, got {search!r}")
+  spec = spec_of(inner)
   if isinstance(plan, Plan):
-    return fused(inner, plan)
+    return _checked(fused(inner, plan), spec)
   if plan == "auto":
     if profile is None:
       profile = profiling.profile_for(inner)
-    elif spec_of(inner) is not None:
+    elif spec is not None:
       profile.check_for(inner)
   auto_plans: dict[tuple[int, ...], Plan] = {}
 
@@ -216,4 +222,9 @@ def layerfusion(
       )
     return auto_plans[sizes]
 
-  return fusion_transform(inner, resolve)
+  return _checked(fusion_transform(inner, resolve), spec)
+
+
+def _checked(tx: optax.GradientTransformation, spec) -> optax.GradientTransformation:
+  """``tx`` checking the unfused params against the inner compressor's ``axis_name``."""
+  return tx if spec is None else axes.checked(tx, spec.axis_name)

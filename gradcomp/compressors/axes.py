@@ -1,0 +1,119 @@
+"""Refusing an ``axis_name`` across which the params are different shards (DESIGN §7).
+
+A compressor returns the mean over ``axis_name`` of its workers' decoded
+gradients. On a mesh ``("data", "model")`` with the params sharded over
+``"model"`` and replicated over ``"data"``, compressing over ``"data"`` gives
+each device the mean of its own block's gradients (per-shard compression:
+the top-k of each block of a block partition). Compressing over ``("data",
+"model")`` would add the gradients of *different* blocks coordinate by
+coordinate: a wrong answer, and JAX raises nothing (issue 32).
+:func:`check_params` refuses it from the types JAX gives values inside
+``shard_map``, their varying manual axes (``jax.typeof(x).manual_axis_type.
+varying`` on JAX 0.10, ``.vma`` on earlier versions; read by
+``branches.varying_axes``). :func:`checked` runs it in a transformation's
+``init`` and, when ``params`` are given, in its ``update``. Every public
+factory goes through it (``spec.recorded``), and ``layerfusion`` runs it on
+the unfused params.
+
+**The rule.** A leaf of ``params`` is refused when it is typed varying over
+*some* of ``axis_name``'s axes and invariant over the others. A leaf that
+varies over *all* of them is accepted, because per-worker params look like
+that and are legitimate: a training scheme (DESIGN §5) hands its compressor
+values that differ between its workers by design. CD-SGD passes its
+per-worker message as ``params``; local SGD and Streaming DiLoCo pass the
+anchor, typed varying over ``"data"`` when the state is carried per worker.
+Copies of the same coordinates that drifted apart and blocks of a partition
+have the same types when they vary over the whole group. They differ when a
+leaf is replicated over one axis of the group and varies over another. A
+scheme's copies vary between every pair of its workers (after a local step)
+or between none (before one), whereas a block of a partition is replicated
+over the axes it is not split on. So the check catches issue 32's
+``("data", "model")``. It cannot catch ``axis_name="model"`` alone with the
+params sharded over ``"model"``, or params both per worker over ``"data"``
+and sharded over ``"model"`` with ``axis_name=("data", "model")``: there the
+types look like a scheme's copies. With a single axis the check is a no-op.
+
+Where nothing is typed the check does nothing: outside ``shard_map`` (one
+device; ``pmap``, whose values carry no varying axes; ``init`` on global
+arrays before the step), under ``shard_map(..., check_vma=False)``, for
+``params=None``, and for an exchange ``Pattern`` (gossip's neighbours, a
+server's pushes), which does not average over a group of axes.
+"""
+
+from __future__ import annotations
+
+import jax
+import optax
+
+from gradcomp.compressors import exchange
+from gradcomp.parallel import branches
+
+
+def group_axes(axis_name: exchange.AxisName) -> tuple[str, ...]:
+  """The mesh axes a compressor averages over: ``()`` for ``None`` or a pattern."""
+  if axis_name is None or isinstance(axis_name, exchange.Pattern):
+    return ()
+  return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+
+
+def check_params(params, axis_name: exchange.AxisName) -> None:
+  """Raises ``ValueError`` if ``params`` are different shards across ``axis_name``.
+
+  Args:
+    params: the params given to ``init`` or ``update`` (arrays, tracers or
+      ``jax.ShapeDtypeStruct``), or ``None``.
+    axis_name: the compressor's ``axis_name``.
+
+  Raises:
+    ValueError: a leaf of ``params`` is typed varying over an axis of
+      ``axis_name`` and invariant over another one (see the module
+      docstring); the message names the axis and the leaf.
+
+  Examples:
+    Outside ``shard_map`` nothing is typed, so nothing is refused:
+
+    >>> import jax.numpy as jnp
+    >>> from gradcomp.compressors import axes
+    >>> axes.check_params({"w": jnp.ones(3)}, ("data", "model"))
+  """
+  group = group_axes(axis_name)
+  if params is None or len(group) < 2:
+    # One axis: a leaf varies over all of the group or none of it.
+    return
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
+      continue  # NumPy arrays and Python scalars: not typed, replicated.
+    varying = branches.varying_axes(leaf)
+    differ = [a for a in group if a in varying]
+    replicated = [a for a in group if a not in varying]
+    if differ and replicated:
+      a = differ[0]
+      raise ValueError(
+        f"axis_name includes {a!r}, but the params differ across {a!r} (they "
+        f"vary over it inside shard_map; params{jax.tree_util.keystr(path)} "
+        f"varies over {sorted(varying)}, is replicated over {replicated}): a "
+        f"compressor averages across axis_name, so it would mix different "
+        f"shards; compress over the axes the params are replicated on"
+      )
+
+
+def checked(
+  tx: optax.GradientTransformation, axis_name: exchange.AxisName
+) -> optax.GradientTransformation:
+  """``tx`` with :func:`check_params` run in ``init`` and (params given) ``update``.
+
+  The check is static Python on the types, run once per trace; ``tx`` is
+  returned unchanged when ``axis_name`` names fewer than two mesh axes.
+  """
+  if len(group_axes(axis_name)) < 2:
+    return tx
+
+  def init_fn(params):
+    check_params(params, axis_name)
+    return tx.init(params)
+
+  def update_fn(updates, state, params=None):
+    check_params(params, axis_name)
+    return tx.update(updates, state, params)
+
+  return optax.GradientTransformation(init_fn, update_fn)
