@@ -61,6 +61,11 @@ def _per_worker(tree):
   return jax.tree.map(vary, tree)
 
 
+def _unvarying(tree):
+  """Zeros shaped like ``tree``, typed replicated: a state's init that passes."""
+  return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), tree)
+
+
 def _trace(f):
   return jax.eval_shape(
     jax.shard_map(f, mesh=MESH, in_specs=IN_SPECS, out_specs=P()), *ARGS
@@ -101,7 +106,7 @@ def test_averaging_across_the_shards_axis_is_refused_in_update():
 
   def step(*args):
     grads, params = _local(*args)
-    return tx.update(grads, tx.init(_per_worker(grads)), params)[0]["b"]
+    return tx.update(grads, tx.init(_unvarying(grads)), params)[0]["b"]
 
   with pytest.raises(ValueError, match=WRONG + r".*params\['w'\]"):
     _trace(step)
@@ -126,7 +131,7 @@ def test_layerfusion_checks_the_unfused_params():
 
   def step(*args):
     grads, params = _local(*args)
-    return tx.update(grads, tx.init(_per_worker(grads)), params)[0]["b"]
+    return tx.update(grads, tx.init(_unvarying(grads)), params)[0]["b"]
 
   def init(*args):
     tx.init(_local(*args)[1])
@@ -137,18 +142,24 @@ def test_layerfusion_checks_the_unfused_params():
       _trace(f)
 
 
-def test_params_none_and_per_worker_params_pass():
-  """No params, or params that vary over every axis of the group (a scheme's
-  per-worker copies) are not refused: the types cannot tell copies from shards."""
-  tx = gradcomp.topk(0.5, axis_name=BOTH)
+def test_params_none_pass_and_per_worker_params_are_refused_on_one_axis():
+  """No params pass; params that differ between the workers of the group are
+  refused whether the group has one axis or two: the schemes that exchange
+  per-worker values pass their compressor no params."""
+  for axis in ("data", BOTH):
+    tx = gradcomp.topk(0.5, axis_name=axis)
 
-  def step(*args):
-    grads, params = _local(*args)
-    state = tx.init(_per_worker(params))
-    _, state = tx.update(grads, state)
-    return tx.update(grads, state, _per_worker(params))[0]["b"]
+    def none(*args):
+      grads, _ = _local(*args)
+      return tx.update(grads, tx.init(_unvarying(grads)))[0]["b"]
 
-  _trace(step)
+    def per_worker(*args):
+      grads, params = _local(*args)
+      return tx.update(grads, tx.init(_unvarying(grads)), _per_worker(params))[0]["b"]
+
+    _trace(none)
+    with pytest.raises(ValueError, match="axis_name includes 'data'"):
+      _trace(per_worker)
 
 
 @pytest.mark.parametrize("name", gradcomp.names())
@@ -158,7 +169,7 @@ def test_every_registered_compressor_refuses_it(name):
 
   def step(*args):
     grads, params = _local(*args)
-    return tx.update(grads, tx.init(_per_worker(grads)), params)[0]["b"]
+    return tx.update(grads, tx.init(_unvarying(grads)), params)[0]["b"]
 
   with pytest.raises(ValueError, match=WRONG):
     _trace(step)

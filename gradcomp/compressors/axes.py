@@ -15,23 +15,15 @@ varying`` on JAX 0.10, ``.vma`` on earlier versions; read by
 factory goes through it (``spec.recorded``), and ``layerfusion`` runs it on
 the unfused params.
 
-**The rule.** A leaf of ``params`` is refused when it is typed varying over
-*some* of ``axis_name``'s axes and invariant over the others. A leaf that
-varies over *all* of them is accepted, because per-worker params look like
-that and are legitimate: a training scheme (DESIGN §5) hands its compressor
-values that differ between its workers by design. CD-SGD passes its
-per-worker message as ``params``; local SGD and Streaming DiLoCo pass the
-anchor, typed varying over ``"data"`` when the state is carried per worker.
-Copies of the same coordinates that drifted apart and blocks of a partition
-have the same types when they vary over the whole group. They differ when a
-leaf is replicated over one axis of the group and varies over another. A
-scheme's copies vary between every pair of its workers (after a local step)
-or between none (before one), whereas a block of a partition is replicated
-over the axes it is not split on. So the check catches issue 32's
-``("data", "model")``. It cannot catch ``axis_name="model"`` alone with the
-params sharded over ``"model"``, or params both per worker over ``"data"``
-and sharded over ``"model"`` with ``axis_name=("data", "model")``: there the
-types look like a scheme's copies. With a single axis the check is a no-op.
+**The rule.** A leaf of ``params`` typed varying over any axis of
+``axis_name`` is refused: the compressor would average values that differ
+across that axis. The params a synchronous step passes are replicated over
+the axes it averages over. The training schemes of ``gradcomp.schemes`` hand
+their compressor values that differ between workers by design (CD-SGD's
+message, local SGD's and Streaming DiLoCo's pseudo-gradients), and pass it no
+params (no compressor reads them), so the rule does not see them. This
+catches issue 32's ``axis_name=("data", "model")`` with the params sharded
+over ``"model"``, and ``axis_name="model"`` alone.
 
 Where nothing is typed the check does nothing: outside ``shard_map`` (one
 device; ``pmap``, whose values carry no varying axes; ``init`` on global
@@ -66,8 +58,7 @@ def check_params(params, axis_name: exchange.AxisName) -> None:
 
   Raises:
     ValueError: a leaf of ``params`` is typed varying over an axis of
-      ``axis_name`` and invariant over another one (see the module
-      docstring); the message names the axis and the leaf.
+      ``axis_name``; the message names the axis and the leaf.
 
   Examples:
     Outside ``shard_map`` nothing is typed, so nothing is refused:
@@ -77,23 +68,21 @@ def check_params(params, axis_name: exchange.AxisName) -> None:
     >>> axes.check_params({"w": jnp.ones(3)}, ("data", "model"))
   """
   group = group_axes(axis_name)
-  if params is None or len(group) < 2:
-    # One axis: a leaf varies over all of the group or none of it.
+  if params is None or not group:
     return
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
       continue  # NumPy arrays and Python scalars: not typed, replicated.
     varying = branches.varying_axes(leaf)
     differ = [a for a in group if a in varying]
-    replicated = [a for a in group if a not in varying]
-    if differ and replicated:
+    if differ:
       a = differ[0]
       raise ValueError(
         f"axis_name includes {a!r}, but the params differ across {a!r} (they "
         f"vary over it inside shard_map; params{jax.tree_util.keystr(path)} "
-        f"varies over {sorted(varying)}, is replicated over {replicated}): a "
-        f"compressor averages across axis_name, so it would mix different "
-        f"shards; compress over the axes the params are replicated on"
+        f"varies over {sorted(varying)}): a compressor averages across "
+        f"axis_name, so it would mix different shards; compress over the axes "
+        f"the params are replicated on"
       )
 
 
@@ -103,9 +92,9 @@ def checked(
   """``tx`` with :func:`check_params` run in ``init`` and (params given) ``update``.
 
   The check is static Python on the types, run once per trace; ``tx`` is
-  returned unchanged when ``axis_name`` names fewer than two mesh axes.
+  returned unchanged when ``axis_name`` names no mesh axis.
   """
-  if len(group_axes(axis_name)) < 2:
+  if not group_axes(axis_name):
     return tx
 
   def init_fn(params):

@@ -243,7 +243,9 @@ def cdsgd(
 
   def compressed_exchange(message, compressor_state):
     scaled = jax.tree.map(lambda m: m * message_scale, message)
-    mean, compressor_state = compressor.update(scaled, compressor_state, message)
+    # No params: the message differs between workers by design, which the
+    # compressors' axis check (compressors/axes.py) would take for shards.
+    mean, compressor_state = compressor.update(scaled, compressor_state, None)
     return jax.tree.map(lambda m: m / message_scale, mean), compressor_state
 
   def formal_step(grads, state, params, count):

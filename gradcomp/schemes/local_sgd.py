@@ -256,7 +256,9 @@ def local_sgd(
     if compressor is None:
       mean = exchange.all_reduce_mean(pseudo_grads, axis_name)
     else:
-      mean, compressor_state = compressor.update(pseudo_grads, compressor_state, anchor)
+      # No params: a compressor reads none, and a per-worker anchor would look
+      # like shards to its axis check (compressors/axes.py).
+      mean, compressor_state = compressor.update(pseudo_grads, compressor_state, None)
     if outer is None:
       outer_updates = jax.tree.map(jnp.negative, mean)
     else:

@@ -284,9 +284,8 @@ def streaming(
     if compressor is None:
       mean = exchange.all_reduce_mean(sent, axis_name)
     else:
-      mean, compressor_states[f] = compressor.update(
-        sent, compressor_states[f], anchor_f
-      )
+      # No params: see local_sgd (the compressors' axis check).
+      mean, compressor_states[f] = compressor.update(sent, compressor_states[f], None)
     if eager:  # Kale et al. Alg. 3: own stale contribution -> own fresh one
       n = exchange.num_workers(axis_name)
       mean = jax.tree.map(lambda m, a, b: m + (a - b) / n, mean, fresh, sent)
