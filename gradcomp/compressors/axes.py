@@ -23,7 +23,11 @@ their compressor values that differ between workers by design (CD-SGD's
 message, local SGD's and Streaming DiLoCo's pseudo-gradients), and pass it no
 params (no compressor reads them), so the rule does not see them. This
 catches issue 32's ``axis_name=("data", "model")`` with the params sharded
-over ``"model"``, and ``axis_name="model"`` alone.
+over ``"model"``, and ``axis_name="model"`` alone. ``init`` is often given
+per-worker gradients for their shapes (a state built inside ``shard_map``),
+so there only a block of a partition is refused: a leaf varying over some
+axes of ``axis_name`` and replicated over the others (issue 32's case; not
+``"model"`` alone, which ``update`` catches).
 
 Where nothing is typed the check does nothing: outside ``shard_map`` (one
 device; ``pmap``, whose values carry no varying axes; ``init`` on global
@@ -48,13 +52,18 @@ def group_axes(axis_name: exchange.AxisName) -> tuple[str, ...]:
   return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
 
 
-def check_params(params, axis_name: exchange.AxisName) -> None:
+def check_params(params, axis_name: exchange.AxisName, *, strict: bool = True) -> None:
   """Raises ``ValueError`` if ``params`` are different shards across ``axis_name``.
 
   Args:
     params: the params given to ``init`` or ``update`` (arrays, tracers or
       ``jax.ShapeDtypeStruct``), or ``None``.
     axis_name: the compressor's ``axis_name``.
+    strict: refuse a leaf varying over any axis of ``axis_name`` (``update``'s
+      params); ``False`` refuses only a block of a partition, a leaf varying
+      over some axes of ``axis_name`` and replicated over others (``init``,
+      which is also given per-worker gradients for their shapes: a state of
+      per-worker residuals built inside ``shard_map``).
 
   Raises:
     ValueError: a leaf of ``params`` is typed varying over an axis of
@@ -75,7 +84,7 @@ def check_params(params, axis_name: exchange.AxisName) -> None:
       continue  # NumPy arrays and Python scalars: not typed, replicated.
     varying = branches.varying_axes(leaf)
     differ = [a for a in group if a in varying]
-    if differ:
+    if differ and (strict or len(differ) < len(group)):
       a = differ[0]
       raise ValueError(
         f"axis_name includes {a!r}, but the params differ across {a!r} (they "
@@ -98,7 +107,7 @@ def checked(
     return tx
 
   def init_fn(params):
-    check_params(params, axis_name)
+    check_params(params, axis_name, strict=False)
     return tx.init(params)
 
   def update_fn(updates, state, params=None):
