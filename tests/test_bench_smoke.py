@@ -93,18 +93,18 @@ def test_device_step_times_dense_and_each_compressed_step(tmp_path):
     dtype="float32",
     overrides=(("num_layers", 1), ("width", 16), ("num_heads", 2), ("context", 8)),
   )
-  result = device_step.run(("topk:layerwise",), setup, repeats=1, out_dir=str(tmp_path))
+  result = device_step.run(("signsgd:single",), setup, repeats=1, out_dir=str(tmp_path))
   # 64 x 16 tokens + 8 x 16 positions + one block (12 d^2 + 13 d) + ln_f (2 d).
   assert result["params"] == 64 * 16 + 8 * 16 + 12 * 16**2 + 13 * 16 + 2 * 16
   dense, row = result["rows"]
   assert (dense["compressor"], row["compressor"], row["plan"]) == (
     "none (dense AdamW)",
-    "topk",
-    "layerwise",
+    "signsgd",
+    "single",
   )
   assert row["step_s"] > 0 and row["alone_s"] > 0
   assert row["step_share"] == pytest.approx(1 - dense["step_s"] / row["step_s"])
-  assert "| topk | layerwise |" in (tmp_path / "device_step.md").read_text()
+  assert "| signsgd | single |" in (tmp_path / "device_step.md").read_text()
   with pytest.raises(ValueError, match="plan must be"):
     device_step.parse("topk:fused")
   with pytest.raises(ValueError, match="unknown compressor 'top_k'"):
