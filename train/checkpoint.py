@@ -22,15 +22,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 # Orbax's default on CPU saves a replicated array in slices, one per replica,
 # each cut by an eager `slice` that XLA compiles for every shape and replica:
 # 64 compiles in the first save of a tiny run on 8
 # virtual devices, for no gain on one host. Whole shards are written instead.
+_verbosity = logging.get_verbosity()
+logging.set_verbosity(logging.ERROR)  # Orbax warns that it overrides a handler.
 ocp.type_handlers.register_type_handler(
   jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True
 )
+logging.set_verbosity(_verbosity)
 
 State = dict[str, Any]
 
