@@ -150,19 +150,24 @@ def wan_seconds(result: Mapping[str, Any], scale: float = 1.0) -> dict:
     inputs = entry["summary"]["sim_inputs"]
     if scale != 1.0:
       inputs = _scaled(inputs, scale)
-    config = transformer.configure(
-      METHODS.get(label) or transformer.METHODS[label],
-      seed=0,
-      steps=steps,
-      eval_every=result["eval_every"],
-      overrides=result["overrides"],
-    )
+    config = _config(label, result)
     out[label] = {}
     for dcs, gbps, ms in WAN:
       cluster = gradcomp.sim.Cluster(dcs, bandwidth_gbps=gbps, latency_us=ms * 1e3)
       seconds = transformer.reprice(inputs, config, cluster, steps)
       out[label][_key(dcs, gbps, ms)] = float(seconds[-1])
   return out
+
+
+def _config(label: str, result: Mapping[str, Any]):
+  """The config a run of ``result`` trained with (its schedule prices it)."""
+  return transformer.configure(
+    METHODS.get(label) or transformer.METHODS[label],
+    seed=0,
+    steps=result["steps"],
+    eval_every=result["eval_every"],
+    overrides=result["overrides"],
+  )
 
 
 def _key(dcs: int, gbps: float, ms: float) -> str:
@@ -181,13 +186,7 @@ def _peak(inputs: Mapping[str, Any], label: str, result: Mapping[str, Any]) -> f
   from train import optimizer
 
   steps = result["steps"]
-  config = transformer.configure(
-    METHODS.get(label) or transformer.METHODS[label],
-    seed=0,
-    steps=steps,
-    eval_every=result["eval_every"],
-    overrides=result["overrides"],
-  )
+  config = _config(label, result)
   is_round = optimizer.round_steps(config)
   rounds = sum(is_round(s) for s in range(1, steps + 1))
   mean = result["results"][label]["summary"]["wire_bytes_per_step"]

@@ -193,8 +193,12 @@ def check(every: int, fragments, overlap, alpha, eager) -> tuple[int, int, float
   return count, overlap, float(alpha)
 
 
-def _take(tree, group: tuple[int, ...]):
-  """``tree`` with ``None`` at every leaf outside ``group``: a fragment's subtree."""
+def fragment_subtree(tree, group: tuple[int, ...]):
+  """``tree`` with ``None`` at every leaf outside ``group``: a fragment's subtree.
+
+  What the fragment's compressor and outer optimizer see (``init`` and
+  ``update``), and what the training program prices a fragment's round on.
+  """
   leaves, treedef = jax.tree.flatten(tree)
   keep = set(group)
   return treedef.unflatten([x if i in keep else None for i, x in enumerate(leaves)])
@@ -266,7 +270,7 @@ def streaming(
     def each(tx):
       if tx is None:
         return tuple(optax.EmptyState() for _ in groups)
-      return tuple(tx.init(_take(params, g)) for g in groups)
+      return tuple(tx.init(fragment_subtree(params, g)) for g in groups)
 
     return StreamingState(
       count=jnp.zeros([], jnp.int32),
@@ -279,7 +283,7 @@ def streaming(
 
   def exchange_(f, group, sent, fresh, anchor, compressor_states, outer_states):
     """Fragment ``f``'s mean pseudo-gradient, outer step and new global value."""
-    anchor_f = _take(anchor, group)
+    anchor_f = fragment_subtree(anchor, group)
     compressor_states, outer_states = list(compressor_states), list(outer_states)
     if compressor is None:
       mean = exchange.all_reduce_mean(sent, axis_name)
@@ -304,7 +308,9 @@ def streaming(
     count = optax.safe_increment(state.count)
 
     def pseudo(anchor, group):
-      return jax.tree.map(jnp.subtract, _take(anchor, group), _take(local, group))
+      return jax.tree.map(
+        jnp.subtract, fragment_subtree(anchor, group), fragment_subtree(local, group)
+      )
 
     def idle(params, anchor, compressor_states, outer_states, in_flight):
       del params
@@ -318,17 +324,19 @@ def streaming(
     def arrive(f, group, params, anchor, compressor_states, outer_states, in_flight):
       # The round's operands: with overlap, the state alone (what was sent).
       fresh = pseudo(anchor, group) if eager or not overlap else None
-      sent = _take(in_flight, group) if overlap else fresh
+      sent = fragment_subtree(in_flight, group) if overlap else fresh
       global_f, compressor_states, outer_states = exchange_(
         f, group, sent, fresh, anchor, compressor_states, outer_states
       )
       if alpha:
         merged = jax.tree.map(
-          lambda x, g: alpha * x + (1 - alpha) * g, _take(local, group), global_f
+          lambda x, g: alpha * x + (1 - alpha) * g,
+          fragment_subtree(local, group),
+          global_f,
         )
       else:
         merged = global_f
-      moved = jax.tree.map(jnp.subtract, merged, _take(params, group))
+      moved = jax.tree.map(jnp.subtract, merged, fragment_subtree(params, group))
       updates = _put(inner_updates, group, moved)
       anchor = _put(anchor, group, global_f)
       return updates, anchor, compressor_states, outer_states, in_flight

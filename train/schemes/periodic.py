@@ -7,10 +7,8 @@ the steps (``train.pricing.price_rounds``).
 
 from __future__ import annotations
 
-import jax
-
 import gradcomp
-from gradcomp.schemes import local_sgd as local_sgd_lib
+from gradcomp.schemes import streaming as streaming_lib
 from train import optimizer as optimizer_lib
 from train import pricing
 from train import step as step_lib
@@ -94,18 +92,17 @@ class LocalSGD(_Rounds):
       return super().price(plan, params, step_wire, num_steps, flops)
     cfg = self.config.scheme
     every, overlap = cfg.every, cfg.get("overlap") or 0
-    groups = local_sgd_lib.fragment_groups(
+    groups = streaming_lib.fragment_groups(
       params, cfg.get("fragments") or 1, self.order
     )
     codec = None
     if self.config.compressor.name != "none":
       codec = optimizer_lib.compressor(self.config.compressor, step_lib.AXIS)
     tx = self._fragment_tx(codec) or gradcomp.none(step_lib.AXIS)
-    leaves, treedef = jax.tree.flatten(params)
-    wires = []
-    for group in groups:
-      subtree = [leaf if i in group else None for i, leaf in enumerate(leaves)]
-      wires.append(pricing.round_wire(tx, self.mesh, treedef.unflatten(subtree)))
+    wires = [
+      pricing.round_wire(tx, self.mesh, streaming_lib.fragment_subtree(params, group))
+      for group in groups
+    ]
     spacing = every // len(groups)
     is_send = lambda step: step % spacing == 0
     wire_at = lambda step: wires[(step % every) // spacing]
