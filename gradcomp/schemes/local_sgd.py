@@ -226,7 +226,7 @@ def local_sgd(
   outer = base.transformation("outer", outer, optional=True)
   compressor = base.transformation("compressor", compressor, optional=True)
   _, overlap, alpha = streaming.check(every, fragments, overlap, alpha, eager)
-  if not (fragments == 1 and isinstance(fragments, int)) or overlap or alpha or eager:
+  if streaming.streams(fragments, overlap, alpha, eager):
     return streaming.streaming(
       inner,
       every,

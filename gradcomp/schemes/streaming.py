@@ -193,6 +193,18 @@ def check(every: int, fragments, overlap, alpha, eager) -> tuple[int, int, float
   return count, overlap, float(alpha)
 
 
+def streams(
+  fragments=1, overlap: int = 0, alpha: float = 0.0, eager: bool = False
+) -> bool:
+  """Whether these settings leave plain local SGD (then :func:`streaming` runs).
+
+  Anything but one fragment (an int; explicit groups count), no overlap,
+  ``alpha = 0`` and no eager updates.
+  """
+  one = isinstance(fragments, int) and fragments == 1
+  return not one or bool(overlap) or bool(alpha) or bool(eager)
+
+
 def fragment_subtree(tree, group: tuple[int, ...]):
   """``tree`` with ``None`` at every leaf outside ``group``: a fragment's subtree.
 

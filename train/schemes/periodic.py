@@ -59,11 +59,8 @@ class LocalSGD(_Rounds):
   def streaming(self) -> bool:
     """Whether a Streaming DiLoCo field is set away from plain local SGD."""
     cfg = self.config.scheme
-    return (
-      cfg.get("fragments") not in (None, 1)
-      or bool(cfg.get("overlap"))
-      or bool(cfg.get("alpha"))
-      or bool(cfg.get("eager"))
+    return streaming_lib.streams(
+      cfg.get("fragments") or 1, cfg.get("overlap"), cfg.get("alpha"), cfg.get("eager")
     )
 
   def optimizer(self, order, sizes, saved_plan, total_steps, mask=None):
