@@ -158,9 +158,42 @@ def test_a_per_worker_state_of_unknown_kind_is_a_value_error():
 def test_a_scheme_entry_without_a_rule_is_a_value_error():
   scheme = Scheme.__new__(Scheme)
   scheme.mesh = SimpleNamespace(size=4)
-  with pytest.raises(ValueError, match=r"no rule for state\['edgegossip'\]"):
-    scheme.elastic({"edgegossip": {"clock": np.zeros(8)}}, 8)
+  with pytest.raises(ValueError, match=r"no rule for state\['mystery'\]"):
+    scheme.elastic({"mystery": {"clock": np.zeros(8)}}, 8)
   assert scheme.elastic({}, 8) == {}
+
+
+# EdgeGossip without speeds (8 speeds describe no 4-worker cluster); epochs of
+# 3 steps on 8 workers and on 4, so the checkpoint at step 8 is mid-epoch.
+EDGE = {
+  "compressor.name": "none",
+  "fusion.plan": "none",
+  "scheme.name": "edgegossip",
+  "scheme.p": 0.5,
+  "global_batch_size": 512,
+}
+
+
+def test_edgegossip_re_plans_the_interrupted_epoch_on_the_new_workers(tmp_path):
+  saved = train.train_and_evaluate(config(workers=8, **EDGE), tmp_path)
+  entry = jax.device_get(saved.state["edgegossip"])
+  assert int(entry["epoch"]) == 5 and entry["rows"].shape == (3, 512)  # Steps 16-18.
+  resumed = train.train_and_evaluate(
+    config(workers=4, num_train_steps=24, **EDGE), tmp_path
+  )
+  rows = logs.read_metrics(tmp_path / "metrics.jsonl")
+  assert [r["elastic"]["to_workers"] for r in rows if "elastic" in r] == [4]
+  epochs = [r for r in rows if "epoch" in r]
+  # Epoch 6 (steps 16-18) is re-planned at step 17, for its last 2 steps.
+  assert [e["epoch"] for e in epochs][-3:] == [6, 7, 8]
+  assert all(len(e["samples"]) == 4 for e in epochs[-3:])
+  partial, whole = sum(epochs[-3]["samples"]), sum(epochs[-2]["samples"])
+  assert 0 < partial < whole
+  sim = [r["sim_seconds"] for r in rows if "sim_seconds" in r and r["step"] > 16]
+  assert np.all(np.diff(sim) >= 0) and sim[0] >= entry["clock"].max()
+  assert np.isfinite(rows[-1]["eval_loss"])
+  after = jax.device_get(resumed.state["edgegossip"])
+  assert after["rows"].shape == (3, 512) and int(after["epoch"]) == 7
 
 
 # -- Each rule, on NumPy arrays -------------------------------------------------

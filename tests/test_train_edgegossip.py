@@ -131,3 +131,27 @@ def test_balancer_halts_at_construction(digits):
   cluster = gradcomp.sim.Cluster(WORKERS, speeds=(1e-12,) * 2 + (1.0,) * 6)
   with pytest.raises(eg.BalancerHalted, match="2 of 8"):
     edge_lib.Trainer(_config(), digits, cluster, BATCH, 1e4, 4e4)
+
+
+def test_a_plan_from_mid_epoch_covers_the_share_left(trainer):
+  """An elastic resume's partial epoch: the steps before it masked, each
+  worker's budget ``(left / S) r_i |X_i|`` taken as whole subsets."""
+  steps = trainer.steps_per_epoch
+  losses = np.random.default_rng(1).random((WORKERS, int(trainer.num_points.max())))
+  whole = trainer.plan(2, np.zeros(WORKERS), losses)
+  part = trainer.plan(2, np.zeros(WORKERS), losses, from_step=whole.first_step + 1)
+  assert not part.mask[0].any() and part.first_step == whole.first_step
+  ratios = trainer.ratios(whole.first_step).ratios
+  for w, shard in enumerate(trainer.shards):
+    got = _trained(part, w)
+    assert np.all(np.isin(got, shard))
+    largest = trainer.aggregations[w].sizes.max()
+    share = min(ratios[w], 1.0) * shard.size * (steps - 1) / steps
+    budget = min(share, (steps - 1) * BATCH - largest + 1)  # It must fit.
+    assert budget <= got.size < budget + largest
+  np.testing.assert_array_equal(
+    trainer.plan(2, np.zeros(WORKERS), losses, from_step=whole.first_step).rows,
+    whole.rows,
+  )
+  with pytest.raises(ValueError, match="from_step must be a step of epoch 2"):
+    trainer.plan(2, np.zeros(WORKERS), losses, from_step=whole.first_step + steps)

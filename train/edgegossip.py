@@ -263,7 +263,14 @@ class Trainer:
       return eg.rank_subsets(losses[w, :m])
     return np.random.default_rng((self.seed, epoch, w, 1)).permutation(m)
 
-  def plan(self, epoch: int, clock, losses: np.ndarray | None = None) -> Epoch:
+  def plan(
+    self,
+    epoch: int,
+    clock,
+    losses: np.ndarray | None = None,
+    *,
+    from_step: int | None = None,
+  ) -> Epoch:
     """Plans epoch ``epoch`` (0-based) from the clocks at its start.
 
     Args:
@@ -271,14 +278,29 @@ class Trainer:
       clock: ``(workers,)`` clocks at its start.
       losses: ``(workers, M)`` each worker's per-point losses under its
         current model (``selection="loss"`` only).
+      from_step: plan only the epoch's steps from this one on (an elastic
+        resume in mid-epoch): each worker's budget shrinks to the share of
+        the epoch left, and the steps before it are masked. ``None``: the
+        whole epoch.
     """
     first = epoch * self.steps_per_epoch + 1
+    skip = 0 if from_step is None else int(from_step) - first
+    if not 0 <= skip < self.steps_per_epoch:
+      raise ValueError(
+        f"from_step must be a step of epoch {epoch} (steps {first} to "
+        f"{first + self.steps_per_epoch - 1}), got {from_step!r}"
+      )
+    left = self.steps_per_epoch - skip
     balance = self.ratios(first)
     ratios = np.ones(self.workers) if balance is None else balance.ratios
     rows = np.zeros((self.steps_per_epoch, self.workers, self.batch), np.int32)
     mask = np.zeros(rows.shape, bool)
     for w, shard in enumerate(self.shards):
       budget = min(float(ratios[w] * shard.size), float(shard.size))
+      if skip:  # Whole subsets overshoot by less than the largest: it must fit.
+        largest = 1 if self.selection == "shuffle" else self.aggregations[w].sizes.max()
+        fits = left * self.batch - int(largest) + 1
+        budget = min(budget * left / self.steps_per_epoch, max(fits, 0))
       if self.selection == "shuffle":
         rng = np.random.default_rng((self.seed, epoch, w, 2))
         subsets = [np.array([i]) for i in range(shard.size)]
@@ -291,11 +313,11 @@ class Trainer:
         order,
         budget,
         batch_size=self.batch,
-        steps=self.steps_per_epoch,
+        steps=left,
         layout="packed",
       )
-      rows[:, w] = np.where(plan.mask, shard[plan.indices], 0)
-      mask[:, w] = plan.mask
+      rows[skip:, w] = np.where(plan.mask, shard[plan.indices], 0)
+      mask[skip:, w] = plan.mask
     flat = (self.steps_per_epoch, self.workers * self.batch)
     return Epoch(
       epoch, first, rows.reshape(flat), mask.reshape(flat), np.asarray(clock, float)

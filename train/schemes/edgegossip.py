@@ -38,6 +38,7 @@ class EdgeGossip(Scheme):
     self.edge = None
     self.epoch = {"plan": None, "priced": None, "clock": None, "wall": 0.0}
     self.restored = None
+    self.start_clock = None
     self.sim_seconds = None
 
   def check(self):
@@ -64,7 +65,9 @@ class EdgeGossip(Scheme):
     return {"edgegossip": self.edge.empty_state(self.mesh)}
 
   def restore(self, state, layout):
-    self.restored = self.edge.epoch_of(jax.device_get(state["edgegossip"]))
+    entry = jax.device_get(state["edgegossip"])
+    self.restored = self.edge.epoch_of(entry)
+    self.start_clock = np.asarray(entry["clock"], np.float64)
     if self.edge.selection == "loss":
       self.point_losses = step_lib.make_point_losses(
         self.workload.model, layout, criterion=self.workload.criterion
@@ -75,6 +78,29 @@ class EdgeGossip(Scheme):
   def saved_state(self):
     return {"edgegossip": self.edge.state_of(self.mesh, self.epoch["plan"])}
 
+  def elastic(self, entries, from_workers):
+    """The epoch in progress, planned on n workers, is re-planned on the m.
+
+    Shards, aggregated points and balance depend on the worker count, so
+    the saved plan cannot be moved: the entry restarts with no epoch, and
+    :meth:`batch` plans the interrupted epoch at the first step it runs,
+    for its remaining steps only (``Trainer.plan(from_step=...)``: each
+    worker's budget shrinks to the share of the epoch left), ranked by each
+    new worker's losses under the moved params. The m workers' clocks start
+    at the latest finite clock of the saved epoch's start (a resize is a
+    barrier). The steps of that epoch already run are not priced again:
+    the simulated time under-counts by at most that part of one epoch.
+    The run's length is the m-worker run's (``num_epochs`` of its epochs).
+    """
+    rest = {k: v for k, v in entries.items() if k != "edgegossip"}
+    super().elastic(rest, from_workers)
+    clock = np.asarray(entries["edgegossip"]["clock"], np.float64)
+    finite = clock[np.isfinite(clock)]
+    fresh = jax.device_get(self.edge.empty_state(self.mesh))
+    fresh["clock"] = np.full(self.mesh.size, finite.max() if finite.size else 0.0)
+    fresh["clock"] = fresh["clock"].astype(np.float32)
+    return {"edgegossip": fresh}
+
   def price(self, plan, params, step_wire, num_steps, flops):
     """Bytes of GoSGD's pushes; the clock is filled as each epoch is planned."""
     n = max(self.mesh.size - 1, 1)
@@ -84,8 +110,8 @@ class EdgeGossip(Scheme):
     self.num_steps = num_steps
     if self.restored is not None:  # Resumed: the same plan and the same clock.
       self._start_epoch(self.restored)
-    else:
-      self.epoch["clock"] = np.zeros(self.mesh.size)
+    else:  # Zeros, or the clocks an elastic resume carried (:meth:`elastic`).
+      self.epoch["clock"] = self.start_clock
     edge = self.edge
     fields = {
       "message_bytes": message,
@@ -112,14 +138,15 @@ class EdgeGossip(Scheme):
   def batch(self, step, batches, current):
     """Step ``step``'s batch, planning an epoch at its first step (Alg. 2)."""
     edge = self.edge
-    if (step - 1) % edge.steps_per_epoch == 0:
+    # No plan in mid-epoch: an elastic resume re-plans the epoch's rest.
+    if (step - 1) % edge.steps_per_epoch == 0 or self.epoch["plan"] is None:
       losses, begin = None, time.perf_counter()
       if edge.selection == "loss":  # Alg. 2 line 1: every worker's own model.
         losses = np.asarray(self.point_losses(*current(), *self.points))
         losses = losses.reshape(self.mesh.size, -1)
       self.epoch["wall"] = time.perf_counter() - begin
       index = (step - 1) // edge.steps_per_epoch
-      self._start_epoch(edge.plan(index, self.epoch["clock"], losses))
+      self._start_epoch(edge.plan(index, self.epoch["clock"], losses, from_step=step))
     return edge.batch_of(self.workload.dataset, self.epoch["plan"], step)
 
   def after_step(self, step, writer, sim_at):
