@@ -82,7 +82,8 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   ``outer_momentum``, default 0.9); its pseudo-gradients go through
   ``config.compressor`` (``none``: the dense mean). Streaming DiLoCo adds
   ``fragments``, ``overlap``, ``alpha`` (the merge weight of the local
-  params) and ``eager`` (Kale et al.'s eager updates). ``easgd`` takes
+  params), ``eager`` (Kale et al.'s eager updates) and ``split_leaves``
+  (equal fragments that may cut leaves). ``easgd`` takes
   ``alpha`` and ``every``. ``cdsgd`` (paper 001) takes
   ``local_learning_rate``, ``k``, ``warmup_steps``, ``message_scale`` and
   ``flush_residual``; ``config.optimizer`` is then its global (server)
@@ -109,6 +110,7 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("fragments", int),
     ("overlap", int),
     ("eager", bool),
+    ("split_leaves", bool),
     ("alpha", float),
     ("outer_learning_rate", float),
     ("outer_momentum", float),

@@ -22,7 +22,7 @@ import pytest
 import gradcomp
 from gradcomp.parallel import traced
 from gradcomp.schemes import local_sgd as local_sgd_module
-from gradcomp.schemes.streaming import StreamingState, fragment_groups
+from gradcomp.schemes.streaming import StreamingState, fragment_groups, fragment_pieces
 
 import harness
 
@@ -220,6 +220,39 @@ def test_matches_float64_reference(case):
     harness.assert_same_on_workers(state.anchor)
 
 
+def test_split_leaves_matches_the_reference_on_its_pieces():
+  """Equal fragments that split leaves: the reference run on the pieces.
+
+  16 values in 4 layers: 4 chunks of 4, strided, so each fragment holds 8
+  values and l0/w, l1/w and l2/w are each cut between the two.
+  """
+  kw = CASES["eager_merge"]
+  params, grads = _data(seed=11)
+  tx = _tx(fragments=2, split_leaves=True, overlap=1, alpha=0.5, eager=True)
+  got, _ = harness.run_scheme(tx, params, grads)
+  pieces = fragment_pieces(params, 2)
+  assert [sum(b - a for _, a, b in f) for f in pieces] == [8, 8]
+  sizes = [x.size for x in jax.tree.leaves(params)]
+  assert any(b - a < sizes[i] for f in pieces for i, a, b in f)  # Leaves are cut.
+  flat_p = [np.asarray(x).reshape(-1) for x in jax.tree.leaves(params)]
+  flat_g = [np.asarray(x).reshape(T, N, -1) for x in jax.tree.leaves(grads)]
+  where, ps, gs, groups = [], [], [], [[] for _ in pieces]
+  for f, fragment in enumerate(pieces):
+    for i, a, b in fragment:
+      groups[f].append(len(ps))
+      where.append((i, a, b))
+      ps.append(flat_p[i][a:b])
+      gs.append(flat_g[i][..., a:b])
+  want, big = streaming_reference(ps, gs, groups, **kw)
+  magnitude = max(big, LR * max(np.abs(g).max() for g in gs) / (1 - MU), 1.0)
+  gain = max(1.0, OUTER_LR / (1 - OUTER_MOM)) / (1 - MU)
+  bound = T * (N + 18) * U * magnitude * gain
+  flat_got = [np.float64(x).reshape(N, -1) for x in jax.tree.leaves(got)]
+  for (i, a, b), w in zip(where, want, strict=True):
+    err = np.max(np.abs(flat_got[i][:, a:b] - w))
+    assert err <= bound, f"leaf {i}[{a}:{b}]: error {err:.3g} > bound {bound:.3g}"
+
+
 def test_a_round_moves_only_its_fragments_error_feedback():
   """Fragment 1 arrives at step 3 (sent at 2); fragment 0 has not been sent."""
   params, grads = _data(seed=7, steps=3)
@@ -306,6 +339,9 @@ def test_a_step_sends_one_fragment():
   assert got == [0, 0, 0, 9 * 4, 7 * 4], got
   f, args = _one_step(_tx(fragments=[list(range(5))], outer=None))
   assert _branch_bytes(jax.make_jaxpr(f)(*args).jaxpr) == [0, 16 * 4]
+  # Split leaves: 8 of 16 floats each, exactly 1 / F.
+  f, args = _one_step(_tx(fragments=2, split_leaves=True, overlap=1, outer=None))
+  assert _branch_bytes(jax.make_jaxpr(f)(*args).jaxpr) == [0, 0, 0, 8 * 4, 8 * 4]
 
 
 # --- Bad hyper-parameters ------------------------------------------------------
@@ -323,6 +359,11 @@ def test_a_step_sends_one_fragment():
     ({"alpha": 1.5}, r"alpha must be a number in \[0, 1\], got 1\.5"),
     ({"alpha": -0.1}, r"alpha must be a number in \[0, 1\], got -0\.1"),
     ({"eager": 1}, r"eager must be True or False, got 1"),
+    ({"split_leaves": 1}, r"split_leaves must be True or False, got 1"),
+    (
+      {"fragments": [[0, 1], [2, 3, 4]], "split_leaves": True},
+      r"split_leaves=True needs fragments as an integer",
+    ),
   ],
 )
 def test_bad_hyper_parameters_name_the_argument(kwargs, message):

@@ -103,3 +103,20 @@ def test_eager_workers_keep_their_own_anchor_and_the_run_learns(streaming_run):
   anchors = jax.tree.leaves(state.anchor)
   assert all(a.shape[0] == jax.device_count() for a in anchors)
   assert result.eval_metrics["eval_accuracy"] > 0.5  # 10 classes.
+
+
+def test_split_leaves_fragments_send_half_each(tmp_path):
+  """Whole layers of the MLP are 1,040 and 170 values; cut, 605 and 605."""
+  config = _config()
+  config.update_from_flattened_dict(
+    {"scheme.split_leaves": True, "scheme.eager": False, "num_train_steps": 16}
+  )
+  result = train.train_and_evaluate(config, tmp_path)
+  sim = json.loads((tmp_path / "sim.json").read_text())
+  sizes = [int(np.prod(x.shape[1:])) for x in jax.tree.leaves(result.state["params"])]
+  assert sim["fragment_values"] == [sum(sizes) // 2] * 2
+  sent = [w["all-reduce"] for w in sim["fragment_wire"]]
+  assert sent == [4 * sum(sizes) // 2] * 2
+  every_step = sim["wire_bytes_per_step"] - sum(sent) * (16 // 4 // 2) / 16
+  assert sim["peak_bytes_per_step"] == pytest.approx(every_step + sent[0])
+  assert np.isfinite(result.eval_metrics["eval_loss"])

@@ -18,6 +18,8 @@ steps, 600 steps) with the methods of :data:`METHODS`:
   applied ``tau`` = 1 or 5 inner steps after it was sent, merged with
   ``alpha = 0.5`` (the paper's choice with overlap);
 * ``eager_f4_t1``: Kale et al. 2025's eager updates at ``tau = 1``;
+* ``split_f4_t1``: ``streaming_f4_t1`` with fragments of equal size that
+  cut leaves (``split_leaves``), so each step's peak is 1/F of a round;
 * ``streaming_f4_fp8``, ``streaming_f4_fp4``, ``streaming_f4_topk``: F = 4,
   ``tau = 1``, ``alpha = 0.5`` with outer gradients through ``fp8`` (E4M3),
   ``fp4`` (E2M1, 32-value blocks) or top-k 1 %, each with error feedback,
@@ -100,6 +102,12 @@ METHODS: dict[str, Method] = {
       1,
       "eager updates (Kale et al. 2025) at tau 1",
       scheme={"eager": True},
+    ),
+    _overlapped(
+      "split_f4_t1",
+      1,
+      "fragments of equal size that cut leaves (split_leaves), tau 1, alpha 0.5",
+      scheme={"split_leaves": True},
     ),
     _overlapped("streaming_f4_fp8", 1, "outer gradients in fp8 E4M3, EF", "fp8"),
     _overlapped("streaming_f4_fp4", 1, "outer gradients in fp4 E2M1, EF", "fp4"),

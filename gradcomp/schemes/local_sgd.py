@@ -60,6 +60,7 @@ def local_sgd(
   alpha: float = 0.0,
   eager: bool = False,
   order: Sequence[int] | None = None,
+  split_leaves: bool = False,
 ) -> optax.GradientTransformation:
   r"""Local SGD: ``every`` local steps, then a round that restarts every worker from one anchor.
 
@@ -191,6 +192,13 @@ def local_sgd(
     order: leaf indices in gradient-ready order (e.g. from
       ``gradcomp.fusion.gradient_order``) for the strided assignment;
       ``None``: tree order.
+    split_leaves: fragments of equal size that may split leaves
+      (:func:`gradcomp.schemes.streaming.fragment_pieces`: the flattened
+      params in ``order`` cut into equal chunks, strided over the
+      fragments) instead of whole layers, so every step's peak bytes are
+      ``1/F`` of a round even when one leaf is large. A fragment's
+      compressor and outer optimizer then see a tuple of flat slices.
+      Needs ``fragments`` an integer.
 
   Returns:
     An ``optax.GradientTransformation`` with :class:`LocalSGDState` (with
@@ -226,6 +234,13 @@ def local_sgd(
   outer = base.transformation("outer", outer, optional=True)
   compressor = base.transformation("compressor", compressor, optional=True)
   _, overlap, alpha = streaming.check(every, fragments, overlap, alpha, eager)
+  if not isinstance(split_leaves, bool):
+    raise ValueError(f"split_leaves must be True or False, got {split_leaves!r}")
+  if split_leaves and not isinstance(fragments, int):
+    raise ValueError(
+      "split_leaves=True needs fragments as an integer (the pieces are "
+      f"computed), got explicit groups {fragments!r}"
+    )
   if streaming.streams(fragments, overlap, alpha, eager):
     return streaming.streaming(
       inner,
@@ -238,6 +253,7 @@ def local_sgd(
       alpha=alpha,
       eager=eager,
       order=order,
+      split_leaves=split_leaves,
     )
 
   def init_fn(params):

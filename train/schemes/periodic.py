@@ -7,6 +7,8 @@ the steps (``train.pricing.price_rounds``).
 
 from __future__ import annotations
 
+import jax
+
 import gradcomp
 from gradcomp.schemes import streaming as streaming_lib
 from train import optimizer as optimizer_lib
@@ -42,7 +44,8 @@ class LocalSGD(_Rounds):
 
   **Streaming DiLoCo** (``fragments``, ``overlap``, ``alpha``, ``eager``;
   DESIGN §9): fragments are strided layers in the gradient-ready order the
-  program measured. Each fragment is its own unit of compression: the
+  program measured (or, with ``split_leaves``, strided equal chunks of it
+  that may cut leaves). Each fragment is its own unit of compression: the
   compressor sees one fused buffer per fragment (``config.fusion.plan``
   ``layerwise`` keeps one per leaf; ``auto``'s groups span fragments, so it
   becomes ``single``). Each fragment's round is priced from its own compiled
@@ -89,17 +92,24 @@ class LocalSGD(_Rounds):
       return super().price(plan, params, step_wire, num_steps, flops)
     cfg = self.config.scheme
     every, overlap = cfg.every, cfg.get("overlap") or 0
-    groups = streaming_lib.fragment_groups(
-      params, cfg.get("fragments") or 1, self.order
-    )
+    fragments = cfg.get("fragments") or 1
+    # ``params`` carry the worker axis; fragments are cut from one worker's.
+    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), params)
+    if cfg.get("split_leaves"):
+      groups = streaming_lib.fragment_pieces(one, fragments, self.order)
+    else:
+      groups = streaming_lib.fragment_groups(one, fragments, self.order)
+
+    def per_worker(group):
+      view = streaming_lib.fragment_view(one, group)
+      n = self.mesh.size
+      return jax.tree.map(lambda v: jax.ShapeDtypeStruct((n, *v.shape), v.dtype), view)
+
     codec = None
     if self.config.compressor.name != "none":
       codec = optimizer_lib.compressor(self.config.compressor, step_lib.AXIS)
     tx = self._fragment_tx(codec) or gradcomp.none(step_lib.AXIS)
-    wires = [
-      pricing.round_wire(tx, self.mesh, streaming_lib.fragment_subtree(params, group))
-      for group in groups
-    ]
+    wires = [pricing.round_wire(tx, self.mesh, per_worker(group)) for group in groups]
     spacing = every // len(groups)
     is_send = lambda step: step % spacing == 0
     wire_at = lambda step: wires[(step % every) // spacing]
@@ -125,7 +135,11 @@ class LocalSGD(_Rounds):
       "fragments": len(groups),
       "overlap": overlap,
       "fragment_wire": wires,
-      "fragment_leaves": [len(g) for g in groups],
+      "fragment_leaves": [len(g) for g in groups],  # Pieces when split.
+      "fragment_values": [
+        sum(x.size for x in jax.tree.leaves(streaming_lib.fragment_view(one, g)))
+        for g in groups
+      ],
     }
     largest = max(wires, key=lambda w: sum(w.values()))
     return pricing.Priced(per_step, largest, seconds, fields, peak)
