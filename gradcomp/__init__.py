@@ -59,6 +59,7 @@ from gradcomp.optimizers.onebit_adam import OneBitAdamState as OneBitAdamState
 from gradcomp.optimizers.onebit_adam import onebit_adam as onebit_adam
 from gradcomp.optimizers.zero_one_adam import ZeroOneAdamState as ZeroOneAdamState
 from gradcomp.optimizers.zero_one_adam import zero_one_adam as zero_one_adam
+from gradcomp.parallel.wire import axis_wire as axis_wire
 from gradcomp.parallel.wire import wire_bytes as wire_bytes
 from gradcomp.parallel.workers import add_worker_axis as add_worker_axis
 from gradcomp.parallel.workers import drop_worker_axis as drop_worker_axis

@@ -522,6 +522,52 @@ class Cluster:
     }[kind]
     return messages * steps * alpha + volume * nbytes * per_byte
 
+  def axis_seconds(self, records, fast_axes=()) -> float:
+    """Seconds of a program's collectives, each on the link class of its mesh axes.
+
+    DESIGN §7's two link classes: a collective whose replica groups span
+    only axes in ``fast_axes`` (a node's NVLink, a slice's ICI) runs on the
+    intra-node link (``intra_bandwidth_gbps``, ``intra_latency_us``); any
+    other (or one of unknown axes) on the cluster's own link
+    (``bandwidth_gbps``, ``latency_us``). Each is a ring over its own group
+    (``record.group`` devices, not ``workers``): ``link_bytes`` (operand
+    bytes times ``gradcomp.parallel.wire.link_factor``) at the link's
+    bandwidth, plus one latency per ring step (``2 (g - 1)`` for an
+    all-reduce, ``g - 1`` for an all-gather, reduce-scatter or all-to-all,
+    1 for a permute). Collectives run one after another.
+
+    Args:
+      records: ``gradcomp.parallel.wire.Collective`` records
+        (``gradcomp.axis_wire``).
+      fast_axes: the mesh axes inside a node.
+
+    Examples:
+      A 1 MB all-reduce inside nodes of 4 at 800 Gbit/s (6 steps of 10 us,
+      1.5 MB over links: 60 + 15 us), then a 0.1 MB all-gather across 2
+      nodes at 8 Gbit/s (10 + 100 us):
+
+      >>> from gradcomp.parallel.wire import Collective
+      >>> c = Cluster(8, bandwidth_gbps=8.0, latency_us=10.0,
+      ...             intra_bandwidth_gbps=800.0, intra_latency_us=10.0)
+      >>> records = [Collective("all-reduce", 10**6, 4, ("local",)),
+      ...            Collective("all-gather", 10**5, 2, ("node",))]
+      >>> round(c.axis_seconds(records, fast_axes=("local",)) * 1e6, 3)  # us
+      185.0
+    """
+    fast = set(fast_axes)
+    total = 0.0
+    for r in records:
+      if r.group <= 1:
+        continue
+      inside = r.axes is not None and set(r.axes) <= fast
+      gbps = self.intra_bandwidth_gbps if inside else self.bandwidth_gbps
+      alpha = (self.intra_latency_us if inside else self.latency_us) * 1e-6
+      steps = {"all-reduce": 2 * (r.group - 1), "collective-permute": 1}.get(
+        r.kind, r.group - 1
+      )
+      total += steps * alpha + r.link_bytes * 8.0 / (gbps * 1e9)
+    return total
+
   def comm_seconds(self, wire: dict) -> np.ndarray:
     """``Comm(x)``: the sum over kinds of :meth:`exchange_seconds`.
 
