@@ -51,6 +51,7 @@ from gradcomp.compressors.sketch_topk import sketch_topk as sketch_topk
 from gradcomp.compressors.sparse_quantize import sparse_quantize as sparse_quantize
 from gradcomp.compressors.threshold import threshold_quantize as threshold_quantize
 from gradcomp.compressors.topk import topk as topk
+from gradcomp.fusion.hierarchical import hierarchical as hierarchical
 from gradcomp.fusion.layerfusion import layerfusion as layerfusion
 from gradcomp.fusion.plan import Plan as Plan
 from gradcomp.optimizers.demo import DeMoState as DeMoState

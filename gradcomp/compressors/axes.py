@@ -38,11 +38,17 @@ server's pushes), which does not average over a group of axes.
 
 from __future__ import annotations
 
+import weakref
+
 import jax
 import optax
 
 from gradcomp.compressors import exchange
 from gradcomp.parallel import branches
+
+#: The mesh axes each checked transformation averages over, filed by
+#: :func:`record` under its ``update`` function (weakly, as ``spec.py`` does).
+_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def group_axes(axis_name: exchange.AxisName) -> tuple[str, ...]:
@@ -101,7 +107,8 @@ def checked(
   """``tx`` with :func:`check_params` run in ``init`` and (params given) ``update``.
 
   The check is static Python on the types, run once per trace; ``tx`` is
-  returned unchanged when ``axis_name`` names no mesh axis.
+  returned unchanged when ``axis_name`` names no mesh axis. The result's
+  axes are filed for :func:`group_of`.
   """
   if not group_axes(axis_name):
     return tx
@@ -114,4 +121,44 @@ def checked(
     check_params(params, axis_name)
     return tx.update(updates, state, params)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return record(optax.GradientTransformation(init_fn, update_fn), axis_name)
+
+
+def record(
+  tx: optax.GradientTransformation, axis_name: exchange.AxisName
+) -> optax.GradientTransformation:
+  """Files the mesh axes ``tx`` averages over, for :func:`group_of`; returns ``tx``.
+
+  :func:`checked` files its ``axis_name``; a wrapper that checks its params
+  another way (``hierarchical(..., gather=False)``, whose params are shards)
+  files its group here.
+  """
+  group = group_axes(axis_name)
+  if group:
+    _GROUPS[tx.update] = group
+  return tx
+
+
+def group_of(tx: optax.GradientTransformation) -> tuple[str, ...]:
+  """The mesh axes ``tx`` averages over, ``()`` if none is known.
+
+  Every public factory's ``axis_name`` is filed (``spec.recorded`` runs
+  :func:`checked`), ``layerfusion`` files its inner's and ``hierarchical``
+  its inner's with its fast axis, so wrappers see through one another:
+  ``hierarchical(layerfusion(topk(0.01, axis_name="node")), "local")``
+  reads ``("node",)``.
+
+  Examples:
+    >>> import gradcomp
+    >>> from gradcomp.compressors import axes
+    >>> axes.group_of(gradcomp.topk(0.5, axis_name="node"))
+    ('node',)
+    >>> axes.group_of(gradcomp.layerfusion(gradcomp.none(("a", "b")), "single"))
+    ('a', 'b')
+    >>> axes.group_of(gradcomp.topk(0.5))  # one device: no axis
+    ()
+  """
+  try:
+    return _GROUPS.get(tx.update, ())
+  except TypeError:  # an update that cannot be weakly referenced
+    return ()

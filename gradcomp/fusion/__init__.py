@@ -11,12 +11,17 @@ or making one by hand:
 * :func:`heuristic_search`, :func:`optimal_search`, :func:`search_plan` and
   :func:`auto_plan` -- plans that minimise eq. 7 under a
   :class:`gradcomp.sim.CostModel` (§4.3).
+* :func:`shard` and :func:`unshard` -- the per-device shards of
+  ``gradcomp.hierarchical(..., gather=False)`` (ZeRO's layout), and back.
 
 ``python -m gradcomp.fusion`` compares plans for a built-in model on a described
 cluster (:mod:`gradcomp.fusion.cli`). Imports compressors, parallel and sim.
 """
 
 from gradcomp.fusion.fused import LayerFusionState as LayerFusionState
+from gradcomp.fusion.hierarchical import HierarchicalState as HierarchicalState
+from gradcomp.fusion.hierarchical import shard as shard
+from gradcomp.fusion.hierarchical import unshard as unshard
 from gradcomp.fusion.layerfusion import auto_plan as auto_plan
 from gradcomp.fusion.order import gradient_order as gradient_order
 from gradcomp.fusion.profiling import profile as profile

@@ -191,7 +191,7 @@ def layerfusion(
     raise ValueError(f"search must be one of {fusion_search.METHODS}, got {search!r}")
   spec = spec_of(inner)
   if isinstance(plan, Plan):
-    return _checked(fused(inner, plan), spec)
+    return _checked(fused(inner, plan), inner)
   if plan == "auto":
     if profile is None:
       profile = profiling.profile_for(inner)
@@ -222,9 +222,16 @@ def layerfusion(
       )
     return auto_plans[sizes]
 
-  return _checked(fusion_transform(inner, resolve), spec)
+  return _checked(fusion_transform(inner, resolve), inner)
 
 
-def _checked(tx: optax.GradientTransformation, spec) -> optax.GradientTransformation:
-  """``tx`` checking the unfused params against the inner compressor's ``axis_name``."""
-  return tx if spec is None else axes.checked(tx, spec.axis_name)
+def _checked(
+  tx: optax.GradientTransformation, inner: optax.GradientTransformation
+) -> optax.GradientTransformation:
+  """``tx`` checking the unfused params against the axes ``inner`` averages over.
+
+  ``axes.group_of`` sees through wrappers (a ``hierarchical`` inner averages
+  over its inner's axes and its fast axis), and files the same axes for this
+  transformation.
+  """
+  return axes.checked(tx, axes.group_of(inner))
