@@ -34,6 +34,7 @@ from gradcomp.compressors.fixed_point import (
 )
 from gradcomp.compressors.fixed_point import dynamic_fixed_point as dynamic_fixed_point
 from gradcomp.compressors.fixed_point import fixed_point as fixed_point
+from gradcomp.compressors.intq import int_quantize as int_quantize
 from gradcomp.compressors.lowp import fp4 as fp4
 from gradcomp.compressors.lowp import fp8 as fp8
 from gradcomp.compressors.memory import error_feedback as error_feedback

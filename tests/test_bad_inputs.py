@@ -54,8 +54,30 @@ CONFIGS = {
   "sparse_quantize": {"threshold": 0.5, "max_ratio": 0.25},
   "fp8": {"format": "e5m2", "block_size": 16, "error_feedback": True},
   "fp4": {"block_size": 16},
+  "int_quantize": {"bits": 8, "block_size": 16},
 }
-NAMES = sorted(CONFIGS)
+# The reduce-scatter forms of the quantizing codecs (exchange="scatter",
+# compressors/scatter.py), each a case "name:scatter" with the config above;
+# int_quantize's also with its 8-bit residuals (LoCo).
+SCATTER = {
+  f"{name}:scatter": (name, {**CONFIGS[name], "exchange": "scatter"})
+  for name in (
+    "dynamic_fixed_point",
+    "ef_signsgd",
+    "fixed_point",
+    "int_quantize",
+    "onebit_sgd",
+    "qsgd",
+    "signsgd",
+    "terngrad",
+  )
+}
+SCATTER["int_quantize:scatter-int8"] = (
+  "int_quantize",
+  {**CONFIGS["int_quantize"], "exchange": "scatter", "residual_bits": 8},
+)
+CASES_BY_NAME = {name: (name, config) for name, config in CONFIGS.items()} | SCATTER
+NAMES = sorted(CASES_BY_NAME)
 
 # The dtype and shape cases are leaves; "matrix" and "half" are matrices that
 # PowerSGD compresses at rank 2 (the others it sends dense).
@@ -142,7 +164,8 @@ def _finite_flags(tree):
 def _program(name: str, workers: int, layout: str):
   """``f(grads) -> (updates, state_finite)``, both with leading (workers, 2)."""
   axis = None if workers == 1 else harness.AXIS
-  tx = gradcomp.get(name, axis_name=axis, **CONFIGS[name])
+  factory, config = CASES_BY_NAME[name]
+  tx = gradcomp.get(factory, axis_name=axis, **config)
   if layout == "fused":
     tx = gradcomp.layerfusion(tx, plan="single")
   params = _params()

@@ -31,8 +31,25 @@ CONFIGS = {
   "sparse_quantize": {"threshold": 0.5, "max_ratio": 0.3},
   "fp8": {"format": "e4m3", "block_size": 16},
   "fp4": {"block_size": 16, "stochastic": True, "error_feedback": True},
+  "int_quantize": {"bits": 4, "block_size": 16},
 }
-NAMES = sorted(CONFIGS)
+# The reduce-scatter forms of the quantizing codecs (exchange="scatter",
+# compressors/scatter.py), each a case "name:scatter" with the config above.
+SCATTER = (
+  "dynamic_fixed_point",
+  "ef_signsgd",
+  "fixed_point",
+  "int_quantize",
+  "onebit_sgd",
+  "qsgd",
+  "signsgd",
+  "terngrad",
+)
+CASES = {name: (name, config) for name, config in CONFIGS.items()} | {
+  f"{name}:scatter": (name, {**CONFIGS[name], "exchange": "scatter"})
+  for name in SCATTER
+}
+NAMES = sorted(CASES)
 
 PARAMS = harness.MIXED_PARAMS
 
@@ -42,8 +59,9 @@ PARAMS = harness.MIXED_PARAMS
 pytestmark = pytest.mark.xdist_group("conformance")
 
 
-def make(name, axis_name=None):
-  return gradcomp.get(name, axis_name=axis_name, **CONFIGS[name])
+def make(case, axis_name=None):
+  name, config = CASES[case]
+  return gradcomp.get(name, axis_name=axis_name, **config)
 
 
 def assert_like(tree, reference):
@@ -139,10 +157,12 @@ def test_shard_map_identical_on_every_worker_and_equal_to_pmap(name):
 # - fixed_point: a per-worker key from axis_index (as qsgd, terngrad and
 #   dynamic fixed point) and exchange.all_gather of packed codes, the gather
 #   that every other codec's payload takes (topk's and dgc's values and
-#   indices, the sign codecs' packed bits).
+#   indices, the sign codecs' packed bits);
+# - fixed_point:scatter: scatter.two_stage, the all_to_all of every scatter
+#   form and the owner's chunk chosen by axis_index, then its all-gather.
 # What the others compute on their own payload runs eagerly in
 # test_single_device_update, and every compressor runs jitted on 8 workers.
-EAGER_NAMES = ("fixed_point", "powersgd", "randomk")
+EAGER_NAMES = ("fixed_point", "fixed_point:scatter", "powersgd", "randomk")
 
 
 @pytest.mark.parametrize("name", EAGER_NAMES)

@@ -313,6 +313,7 @@ SEARCH_COMPRESSORS = {
   "sparse_quantize": {"threshold": 2.6},
   "fp8": {},
   "fp4": {},
+  "int_quantize": {},
 }
 
 

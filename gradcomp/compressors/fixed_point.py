@@ -13,7 +13,7 @@ uniform ``u`` in [0, 1) per value, the code is ``floor(s) + [u < s - floor(s)]``
 ``s - floor(s)`` is exact in float32 (for ``-1 < s < 0`` it rounds to 24
 bits) and ``u`` carries 24 random bits, so ``E[code] = s`` up to ``2^-24``
 wherever ``s`` is not saturated. Uniforms are
-counter-based hashes of a per-worker stream (``exchange.worker_key``), as in
+counter-based hashes of a per-worker stream (``exchanges.worker_key``), as in
 QSGD and TernGrad.
 """
 
@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from gradcomp.compressors import checks, exchange, memory
+from gradcomp.compressors import checks, memory, scatter
+from gradcomp.compressors import exchange as exchanges
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.spec import recorded
 from gradcomp.kernels import bits as bitpack
@@ -84,8 +85,9 @@ def fixed_point(
   *,
   int_bits: int = 1,
   seed: int = 0,
-  axis_name: exchange.AxisName = None,
+  axis_name: exchanges.AxisName = None,
   error_feedback: bool = False,
+  exchange: str = "gather",
 ) -> optax.GradientTransformation:
   """``<IL, FL>`` fixed point with stochastic rounding and saturation (Gupta et al.).
 
@@ -121,6 +123,21 @@ def fixed_point(
   memory keeps what saturation and rounding left out, and drops a NaN or Inf
   gradient (``memory.py``).
 
+  ``exchange="scatter"`` (DESIGN §7; ``scatter.two_stage``; the two-stage
+  exchange of 1-bit Adam, Tang et al. 2021 §4, Alg. 1): the flattened leaf
+  is split into ``n`` chunks of ``ceil(d / n)`` values, each sent to its
+  owner as its packed codes (the format is static: no scale, per chunk or
+  otherwise; all-to-all). The owner averages the decoded chunks and
+  **re-encodes the mean in the same format with stochastic rounding** (its
+  own stream, independent of the workers'), and the owners' codes are
+  all-gathered. A mean of values inside the range is inside it, so the
+  re-encode never saturates and the output stays unbiased inside the range
+  (``E[out] = mean_w Convert(x_w)``). With ``error_feedback=True`` the
+  worker keeps what its rounding and saturation lost, and the owner adds its
+  server error (kept at the leaf's size, flattened, only its chunk in use)
+  before re-encoding, where the sum *can* saturate; what saturation and
+  rounding lose there stays in the server error.
+
   Args:
     bits: word length ``IL + FL``, one of 4, 8, 12, 16.
     int_bits: ``IL``, in ``[bits - 126, 128]`` (so that ``eps`` and ``2^(IL-1)``
@@ -129,10 +146,12 @@ def fixed_point(
     axis_name: the mapped axis of the workers, or ``None`` for one device.
     error_feedback: add a memory of the rounding and saturation error (the
       paper has none).
+    exchange: ``"gather"`` (all-gather the codes) or ``"scatter"`` (the
+      two-stage exchange above; not with an ``exchange.Pattern`` axis).
 
   Returns:
     An ``optax.GradientTransformation``; unbiased inside the range when
-    ``error_feedback=False``.
+    ``error_feedback=False`` (in both forms).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -145,18 +164,24 @@ def fixed_point(
   References:
     Gupta, Agrawal, Gopalakrishnan, Narayanan, *Deep Learning with Limited
     Numerical Precision*, ICML 2015, §3 (stochastic rounding, saturation);
-    paper 004 §4.1 (with the rounding probability corrected, NOTES).
+    paper 004 §4.1 (with the rounding probability corrected, NOTES); Tang et
+    al., *1-bit Adam*, ICML 2021, §4 and Alg. 1 (the scatter form).
   """
   bits = _check_bits(bits)
   int_bits = _check_int_bits(int_bits, bits)
   frac_bits = bits - int_bits
   eps = 2.0**-frac_bits
   scale = 2.0**frac_bits
+  if scatter.check_form(exchange, axis_name) == "scatter":
+    codec = scatter.scatter_codec(
+      fixed_point_chunks(bits, frac_bits), axis_name, server_error=error_feedback
+    )
+    return leafwise(memory.maybe_error_feedback(codec, error_feedback), seed=seed)
 
   def apply(x, state, key, step):
     del step
     size = x.size
-    u = hash_uniform(exchange.worker_key(key, axis_name), x.shape)
+    u = hash_uniform(exchanges.worker_key(key, axis_name), x.shape)
     codes = to_codes(x * scale, bits, u)
     packed = bitpack.pack_codes(codes, bits)
 
@@ -164,7 +189,7 @@ def fixed_point(
       c = bitpack.unpack_codes(p, bits, size).astype(jnp.float32)
       return (c * eps).reshape(x.shape)
 
-    mean = exchange.gathered_mean((packed,), decode, axis_name)
+    mean = exchanges.gathered_mean((packed,), decode, axis_name)
     return mean, x - codes.astype(jnp.float32) * eps, state
 
   codec = LeafCodec(stateless_init, apply)
@@ -205,8 +230,9 @@ def dynamic_fixed_point(
   int_bits: int | None = None,
   rounding: str = "stochastic",
   seed: int = 0,
-  axis_name: exchange.AxisName = None,
+  axis_name: exchanges.AxisName = None,
   error_feedback: bool = False,
+  exchange: str = "gather",
 ) -> optax.GradientTransformation:
   """Dynamic fixed point: a shared, adaptive exponent per group (Courbariaux et al.).
 
@@ -254,6 +280,29 @@ def dynamic_fixed_point(
   ``error_feedback=True`` the memory drops a NaN or Inf gradient
   (``memory.py``).
 
+  ``exchange="scatter"`` (DESIGN §7; ``scatter.two_stage``; the two-stage
+  exchange of 1-bit Adam, Tang et al. 2021 §4, Alg. 1, with ZeRO++'s
+  per-block scales, Wang et al. 2023 §3): the flattened leaf is split into
+  ``n`` chunks of ``ceil(d / n)`` values; each chunk's groups are its runs
+  of ``min(block_size, chunk)`` values (the whole chunk for ``None``), so
+  no group crosses a chunk and exponents are per chunk. A group's exponent
+  is chosen from the data on every step by the calibration rule above (the
+  smallest ``E`` whose range exceeds the group's largest finite magnitude):
+  the overflow-driven update is not used, because its state would be shaped
+  by the chunks, i.e. by the number of workers (``max_overflow_rate`` and
+  ``update_every`` are then unused, ``int_bits`` must be ``None``, and the
+  per-leaf state is the error feedback's alone). Each chunk travels to its
+  owner as its packed codes and one int8 exponent per group (all-to-all);
+  the owner averages the decoded chunks, **re-encodes the mean with a fresh
+  exponent per group of its chunk** and ``rounding`` (stochastic: its own
+  stream, independent of the workers'), and the owners' payloads are
+  all-gathered. The calibrated range exceeds the group's largest magnitude,
+  so only values within one code step of its top can saturate (by less than
+  a step); elsewhere stochastic rounding stays unbiased. With
+  ``error_feedback=True`` the worker keeps what its encoding lost and the
+  owner what its re-encoding lost (server error, kept at the leaf's size,
+  flattened, only its chunk in use).
+
   Args:
     bits: bits per code, sign included: one of 4, 8, 12, 16.
     block_size: values per group (>= 1), or ``None`` for one group per leaf
@@ -268,11 +317,14 @@ def dynamic_fixed_point(
     seed: seeds the rounding stream.
     axis_name: the mapped axis of the workers, or ``None`` for one device.
     error_feedback: add a memory of the rounding and saturation error.
+    exchange: ``"gather"`` (all-gather codes and exponents) or ``"scatter"``
+      (the two-stage exchange above; not with an ``exchange.Pattern`` axis).
 
   Returns:
     An ``optax.GradientTransformation`` whose per-leaf state is a
     :class:`DynamicFixedPointState` (inside an ``ErrorFeedbackState`` with
-    ``error_feedback=True``).
+    ``error_feedback=True``); in the scatter form, nothing, or an
+    ``ErrorFeedbackState`` around a ``scatter.ServerErrorState``.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -289,7 +341,8 @@ def dynamic_fixed_point(
     Courbariaux, Bengio, David, *Training deep neural networks with low
     precision multiplications*, ICLR 2015 workshop (arXiv:1412.7024), §3
     (dynamic fixed point) and their code's ``format.new_range`` (the update
-    rule); paper 004 §4.1.
+    rule); paper 004 §4.1; Tang et al., *1-bit Adam*, ICML 2021, §4 and
+    Alg. 1, and Wang et al., *ZeRO++*, 2023, §3 (the scatter form).
   """
   bits = _check_bits(bits)
   if block_size is not None:
@@ -300,6 +353,15 @@ def dynamic_fixed_point(
     int_bits = _check_int_bits(int_bits, bits)
   if rounding not in ("stochastic", "nearest"):
     raise ValueError(f"rounding must be 'stochastic' or 'nearest', got {rounding!r}")
+  if scatter.check_form(exchange, axis_name) == "scatter":
+    if int_bits is not None:
+      raise ValueError(
+        f"int_bits must be None with exchange='scatter' (its exponents are "
+        f"calibrated on every step), got {int_bits!r}"
+      )
+    chunks = dynamic_chunks(bits, block_size, rounding == "stochastic")
+    codec = scatter.scatter_codec(chunks, axis_name, server_error=error_feedback)
+    return leafwise(memory.maybe_error_feedback(codec, error_feedback), seed=seed)
   low, high = bitpack.code_range(bits)
   e_min, e_max = _MIN_EXPONENT, _max_exponent(bits)
 
@@ -345,14 +407,14 @@ def dynamic_fixed_point(
     if int_bits is None:
       # Both branches typed alike under shard_map: varying wherever x or the
       # state is (a gossip codec's state starts replicated, its x does not).
-      exponent = exchange.vary_like(exponent, x)
+      exponent = exchanges.vary_like(exponent, x)
       exponent = lax.cond(
         step == 0,
-        lambda: exchange.vary_like(calibrated(parts), exponent),
+        lambda: exchanges.vary_like(calibrated(parts), exponent),
         lambda: exponent,
       )
     if rounding == "stochastic":
-      u = hash_uniform(exchange.worker_key(key, axis_name), (size,))
+      u = hash_uniform(exchanges.worker_key(key, axis_name), (size,))
       uniforms = split(u, layout)
     else:
       uniforms = [None] * len(parts)
@@ -379,7 +441,7 @@ def dynamic_fixed_point(
       ]
       return jnp.concatenate(pieces).reshape(x.shape)
 
-    mean = exchange.gathered_mean(payload, decode, axis_name)
+    mean = exchanges.gathered_mean(payload, decode, axis_name)
     remainder = x - decode(*payload)
 
     overflow = state.overflow + jnp.stack(
@@ -397,3 +459,107 @@ def dynamic_fixed_point(
 
   codec = LeafCodec(init, apply)
   return leafwise(memory.maybe_error_feedback(codec, error_feedback), seed=seed)
+
+
+# -- Chunk codecs of the scatter forms ------------------------------------------
+
+
+def _even(c: int, bits: int) -> int:
+  """Codes per packed row: ``c``, made even for the pair-packed 4 and 12 bits."""
+  return c + c % 2 if bits in (4, 12) else c
+
+
+def _pack_rows(codes: jax.Array, bits: int) -> jax.Array:
+  """int32 codes ``(m, c)`` packed per row (rows never share a byte)."""
+  m, c = codes.shape
+  codes = jnp.pad(codes, ((0, 0), (0, _even(c, bits) - c)))
+  return bitpack.pack_codes(codes, bits).reshape(m, -1)
+
+
+def _unpack_rows(packed: jax.Array, bits: int, c: int) -> jax.Array:
+  m = packed.shape[0]
+  even = _even(c, bits)
+  return bitpack.unpack_codes(packed.reshape(-1), bits, m * even).reshape(m, even)[
+    :, :c
+  ]
+
+
+def fixed_point_chunks(bits: int, frac_bits: int) -> scatter.ChunkCodec:
+  """:func:`fixed_point`'s scatter form: packed ``<IL, FL>`` codes, nothing else."""
+  eps, scale = 2.0**-frac_bits, 2.0**frac_bits
+
+  def encode(rows, counts, key):
+    del counts
+    codes = to_codes(rows * scale, bits, hash_uniform(key, rows.shape))
+    return (_pack_rows(codes, bits),)
+
+  def decode(payload, c):
+    return _unpack_rows(payload[0], bits, c).astype(jnp.float32) * eps
+
+  def row_bytes(c):
+    return bitpack.packed_code_bytes(_even(c, bits), bits)
+
+  return scatter.ChunkCodec(encode, decode, None, row_bytes)
+
+
+def _row_groups(c: int, block_size: int | None) -> tuple[int, int, int]:
+  """``(group, full, tail)``: the groups of a chunk of ``c`` values."""
+  group = c if block_size is None else min(block_size, c)
+  full = c // group
+  return group, full, c - full * group
+
+
+def dynamic_chunks(
+  bits: int, block_size: int | None, stochastic: bool
+) -> scatter.ChunkCodec:
+  """:func:`dynamic_fixed_point`'s scatter form: codes and an int8 exponent per group.
+
+  Each group's exponent is calibrated from its values (the smallest ``E``
+  with ``max |x| < 2^(E + bits - 1)``, finite values only, in ``[-126,
+  128 - bits]``).
+  """
+  e_min, e_max = _MIN_EXPONENT, _max_exponent(bits)
+
+  def parts(rows, c):
+    m = rows.shape[0]
+    group, full, tail = _row_groups(c, block_size)
+    out = [rows[:, : full * group].reshape(m, full, group)]
+    if tail:
+      out.append(rows[:, full * group :].reshape(m, 1, tail))
+    return out
+
+  def encode(rows, counts, key):
+    del counts
+    m, c = rows.shape
+    u = hash_uniform(key, rows.shape) if stochastic else None
+    pieces = parts(rows, c)
+    uniforms = parts(u, c) if stochastic else [None] * len(pieces)
+    codes, exponents = [], []
+    for p, u_p in zip(pieces, uniforms, strict=True):
+      a = jnp.abs(p)
+      top = jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), axis=-1)
+      e = jnp.clip(jnp.frexp(top)[1] - (bits - 1), e_min, e_max)
+      s = p * _pow2(-e)[..., None]  # exact: a power of two
+      codes.append(to_codes(s, bits, u_p).reshape(m, -1))
+      exponents.append(e)
+    codes = jnp.concatenate(codes, axis=1)
+    exponents = jnp.concatenate(exponents, axis=1).astype(jnp.int8)
+    return _pack_rows(codes, bits), exponents
+
+  def decode(payload, c):
+    packed, exponents = payload
+    values = _unpack_rows(packed, bits, c).astype(jnp.float32)
+    scales = _pow2(exponents.astype(jnp.int32))
+    m = values.shape[0]
+    group, full, tail = _row_groups(c, block_size)
+    body = values[:, : full * group].reshape(m, full, group) * scales[:, :full, None]
+    out = [body.reshape(m, -1)]
+    if tail:
+      out.append(values[:, full * group :] * scales[:, full:])
+    return jnp.concatenate(out, axis=1)
+
+  def row_bytes(c):
+    _, full, tail = _row_groups(c, block_size)
+    return bitpack.packed_code_bytes(_even(c, bits), bits) + full + (tail > 0)
+
+  return scatter.ChunkCodec(encode, decode, None, row_bytes)

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from gradcomp.compressors import exchange
+from gradcomp.compressors import exchange as exchanges
+from gradcomp.compressors import scatter
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.memory import error_feedback
 from gradcomp.compressors.spec import recorded
@@ -80,7 +81,7 @@ def column_means(
   return mean_pos, mean_neg
 
 
-def column_sign_codec(axis_name: exchange.AxisName) -> LeafCodec:
+def column_sign_codec(axis_name: exchanges.AxisName) -> LeafCodec:
   """One bit per value and two float32 per column, all-gathered (no memory).
 
   Passes over memory, with error feedback around it (``x = r + g`` built in
@@ -110,14 +111,16 @@ def column_sign_codec(axis_name: exchange.AxisName) -> LeafCodec:
 
     after = ordering.zero_after(remainder)
     sent = (packed, mean_pos + after, mean_neg + after)
-    mean = exchange.gathered_mean(sent, decode, axis_name)
+    mean = exchanges.gathered_mean(sent, decode, axis_name)
     return mean, remainder.reshape(x.shape), state
 
   return LeafCodec(stateless_init, apply)
 
 
 @recorded
-def onebit_sgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransformation:
+def onebit_sgd(
+  *, axis_name: exchanges.AxisName = None, exchange: str = "gather"
+) -> optax.GradientTransformation:
   """1-bit SGD with error feedback and per-column reconstruction values.
 
   Each leaf is viewed as a matrix of ``rows x columns`` (:func:`column_shape`:
@@ -141,6 +144,18 @@ def onebit_sgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransfor
   decoded ``e_hat``. Under LayerFusion a fused buffer is 1-D, i.e. one column
   with one pair of values.
 
+  ``exchange="scatter"`` (DESIGN §7; ``scatter.two_stage``, the two-stage
+  error-compensated exchange of 1-bit Adam, Tang et al. 2021 §4, Alg. 1):
+  the leaf is flattened and split into ``n`` chunks of ``ceil(d / n)``
+  values; each chunk is one column, sent to its owner as its bits and its
+  two means (scales per chunk; the leaf's own columns are not used, so a
+  matrix's per-column values become per-chunk ones). ``r`` keeps what that
+  lost (worker error). The owner averages the decoded chunks, adds its
+  server error (kept at the leaf's size, flattened, only its chunk in use),
+  re-encodes the sum with its own bits and two means, keeps what that lost
+  as its new server error, and the owners' chunks are all-gathered. Both
+  stages send one bit per value and 8 bytes per chunk.
+
   Bad input: NaN or Inf gradient coordinates are dropped by the error
   feedback (``memory.py``: the memory keeps its value there), so
   state and output stay finite. For finite ``e`` the means are finite (each
@@ -150,10 +165,14 @@ def onebit_sgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransfor
 
   Args:
     axis_name: the mapped axis of the workers, or ``None`` for one device.
+    exchange: ``"gather"`` (all-gather bits and column means) or
+      ``"scatter"`` (the two-stage exchange above; not with an
+      ``exchange.Pattern`` axis).
 
   Returns:
     An ``optax.GradientTransformation`` whose state is a ``CompressorState``
-    holding an ``ErrorFeedbackState`` per leaf.
+    holding an ``ErrorFeedbackState`` per leaf (around a
+    ``scatter.ServerErrorState`` in the scatter form).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -169,6 +188,44 @@ def onebit_sgd(*, axis_name: exchange.AxisName = None) -> optax.GradientTransfor
   References:
     Seide, Fu, Droppo, Li, Yu, *1-Bit Stochastic Gradient Descent and its
     Application to Data-Parallel Distributed Training of Speech DNNs*,
-    Interspeech 2014, §3; paper 004 §4.1 (with the residual corrected, NOTES).
+    Interspeech 2014, §3; paper 004 §4.1 (with the residual corrected, NOTES);
+    Tang et al., *1-bit Adam*, ICML 2021, §4 and Alg. 1 (the scatter form).
   """
+  if scatter.check_form(exchange, axis_name) == "scatter":
+    codec = scatter.scatter_codec(TWO_MEANS, axis_name, server_error=True)
+    return leafwise(error_feedback(codec))
   return leafwise(error_feedback(column_sign_codec(axis_name)))
+
+
+def _two_means_encode(rows, counts, key):
+  """Sign words and the means of each row's entries ``>= 0`` and ``< 0``.
+
+  Only the first ``counts[i]`` entries of row ``i`` count (the rest is
+  padding). Each entry is scaled by ``1 / count`` before the sum, so the
+  means of finite rows are finite.
+  """
+  del key
+  c = rows.shape[-1]
+  valid = jnp.arange(c) < counts[:, None]
+  up = rows >= 0
+  n_pos = jnp.sum(up & valid, axis=-1, dtype=jnp.int32)
+  n_neg = counts - n_pos
+  inv_pos = 1.0 / jnp.maximum(n_pos, 1).astype(jnp.float32)
+  inv_neg = 1.0 / jnp.maximum(n_neg, 1).astype(jnp.float32)
+  mean_pos = jnp.sum(jnp.where(up & valid, rows * inv_pos[:, None], 0.0), axis=-1)
+  mean_neg = jnp.sum(jnp.where(up, 0.0, rows * inv_neg[:, None]), axis=-1)
+  return bits.pack_words(up), mean_pos, mean_neg
+
+
+def _two_means_decode(payload, c):
+  words, high, low = payload
+  return jnp.where(bits.unpack_words(words, c), high[..., None], low[..., None])
+
+
+#: 1-bit SGD's scatter form: sign bits and the two reconstruction values per chunk.
+TWO_MEANS = scatter.ChunkCodec(
+  encode=_two_means_encode,
+  decode=_two_means_decode,
+  reduce=None,
+  row_bytes=lambda c: scatter.sign_row_bytes(c) + 8,
+)

@@ -9,6 +9,7 @@ import optax
 from gradcomp.compressors.dense import fp16, none
 from gradcomp.compressors.dgc import dgc
 from gradcomp.compressors.fixed_point import dynamic_fixed_point, fixed_point
+from gradcomp.compressors.intq import int_quantize
 from gradcomp.compressors.lowp import fp4, fp8
 from gradcomp.compressors.onebit import onebit_sgd
 from gradcomp.compressors.powersgd import powersgd
@@ -51,9 +52,9 @@ def names() -> tuple[str, ...]:
   Examples:
     >>> import gradcomp
     >>> print(", ".join(gradcomp.names()))  # doctest: +NORMALIZE_WHITESPACE
-    dgc, dynamic_fixed_point, ef_signsgd, fixed_point, fp16, fp4, fp8, none,
-    onebit_sgd, powersgd, qsgd, randomk, signsgd, sketch_topk, sparse_quantize,
-    terngrad, threshold_quantize, topk
+    dgc, dynamic_fixed_point, ef_signsgd, fixed_point, fp16, fp4, fp8,
+    int_quantize, none, onebit_sgd, powersgd, qsgd, randomk, signsgd,
+    sketch_topk, sparse_quantize, terngrad, threshold_quantize, topk
   """
   return tuple(sorted(_REGISTRY))
 
@@ -109,5 +110,6 @@ for _factory in (
   sparse_quantize,
   fp8,
   fp4,
+  int_quantize,
 ):
   register(_factory.__name__, _factory)
