@@ -40,6 +40,7 @@ from gradcomp.compressors.lowp import fp8 as fp8
 from gradcomp.compressors.memory import error_feedback as error_feedback
 from gradcomp.compressors.onebit import onebit_sgd as onebit_sgd
 from gradcomp.compressors.powersgd import powersgd as powersgd
+from gradcomp.compressors.qgz import qgz as qgz
 from gradcomp.compressors.quantizers import qsgd as qsgd
 from gradcomp.compressors.quantizers import terngrad as terngrad
 from gradcomp.compressors.randomk import randomk as randomk

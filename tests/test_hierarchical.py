@@ -314,7 +314,7 @@ def test_state_is_one_gth_of_the_flat_compressors():
   assert shapes(jax.eval_shape(tx.init, placed)) == shapes(hier)
   assert flat.leaves["w"].residual.shape == (1000,)
   assert hier.inner.leaves["w"].residual.shape == (1000 // G,)
-  with pytest.raises(ValueError, match="size of fast_axis 'local' is unknown"):
+  with pytest.raises(ValueError, match="size of mesh axis .local. is unknown"):
     tx.init({"w": jnp.zeros(1000)})
 
 

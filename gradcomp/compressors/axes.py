@@ -42,6 +42,7 @@ import weakref
 
 import jax
 import optax
+from jax.sharding import NamedSharding
 
 from gradcomp.compressors import exchange
 from gradcomp.parallel import branches
@@ -56,6 +57,47 @@ def group_axes(axis_name: exchange.AxisName) -> tuple[str, ...]:
   if axis_name is None or isinstance(axis_name, exchange.Pattern):
     return ()
   return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+
+
+def axis_size(axis: str, tree=None) -> int:
+  """The size of mesh axis ``axis``: bound inside ``shard_map``, else from a mesh.
+
+  Outside ``shard_map`` it is read from the mesh set by ``jax.set_mesh``, or
+  from the ``NamedSharding`` of a leaf of ``tree`` (global arrays, tracers or
+  ``jax.ShapeDtypeStruct`` placed on a mesh): what an ``init`` needs when its
+  state is shaped by the mesh (a shard's residual).
+
+  Raises:
+    ValueError: none of these knows ``axis``.
+
+  Examples:
+    >>> import jax
+    >>> from gradcomp.compressors import axes
+    >>> with jax.set_mesh(jax.make_mesh((2, 4), ("node", "local"))):
+    ...   axes.axis_size("local")
+    4
+  """
+  try:
+    return int(jax.lax.axis_size(axis))
+  except NameError:
+    pass
+  mesh = jax.sharding.get_abstract_mesh()
+  if axis in mesh.axis_names:
+    return int(mesh.shape[axis])
+  for leaf in jax.tree.leaves(tree):
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+      sharding = leaf.sharding
+    elif isinstance(leaf, jax.Array):  # also a tracer, whose type holds it
+      sharding = jax.typeof(leaf).sharding
+    else:
+      continue
+    if isinstance(sharding, NamedSharding) and axis in sharding.mesh.axis_names:
+      return int(sharding.mesh.shape[axis])
+  raise ValueError(
+    f"the size of mesh axis {axis!r} is unknown here: call init inside "
+    f"shard_map, under jax.set_mesh(mesh), or on params placed on a mesh "
+    f"with that axis"
+  )
 
 
 def check_params(params, axis_name: exchange.AxisName, *, strict: bool = True) -> None:

@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding
 
 from gradcomp.compressors import axes
 from gradcomp.compressors.spec import recorded
@@ -67,36 +66,6 @@ def shard_size(size: int, g: int) -> int:
   return -(-int(size) // int(g))
 
 
-def _fast_size(fast_axis: str, tree=None) -> int:
-  """The size of ``fast_axis``: bound inside ``shard_map``, else from a mesh.
-
-  Outside ``shard_map`` it is read from the mesh set by ``jax.set_mesh``, or
-  from the ``NamedSharding`` of a leaf of ``tree`` (global arrays or
-  ``jax.ShapeDtypeStruct`` placed on the mesh).
-  """
-  try:
-    return int(jax.lax.axis_size(fast_axis))
-  except NameError:
-    pass
-  mesh = jax.sharding.get_abstract_mesh()
-  if fast_axis in mesh.axis_names:
-    return int(mesh.shape[fast_axis])
-  for leaf in jax.tree.leaves(tree):
-    if isinstance(leaf, jax.ShapeDtypeStruct):
-      sharding = leaf.sharding
-    elif isinstance(leaf, jax.Array):  # also a tracer, whose type holds it
-      sharding = jax.typeof(leaf).sharding
-    else:
-      continue
-    if isinstance(sharding, NamedSharding) and fast_axis in sharding.mesh.axis_names:
-      return int(sharding.mesh.shape[fast_axis])
-  raise ValueError(
-    f"the size of fast_axis {fast_axis!r} is unknown here: call init inside "
-    f"shard_map, under jax.set_mesh(mesh), or on params placed on a mesh "
-    f"with that axis"
-  )
-
-
 def _padded(x, g: int) -> jax.Array:
   """``x`` raveled and zero-padded to ``g * ceil(size / g)`` values."""
   flat = jnp.ravel(x)
@@ -120,7 +89,7 @@ def shard(tree, fast_axis: str):
   Returns:
     The tree with each leaf replaced by its ``(c,)`` shard.
   """
-  g = _fast_size(fast_axis, tree)
+  g = axes.axis_size(fast_axis, tree)
 
   def one(x):
     c = shard_size(np.prod(x.shape, dtype=int), g)
@@ -132,7 +101,7 @@ def shard(tree, fast_axis: str):
   return jax.tree.map(one, tree)
 
 
-def unshard(shards, like, fast_axis: str | None = None):
+def unshard(shards, like, fast_axis: str | tuple[str, ...] | None = None):
   """Reassembles the leaves of ``like`` from their shards (:func:`shard`'s inverse).
 
   Inside ``shard_map``, with ``fast_axis``: each device's shards are
@@ -145,8 +114,9 @@ def unshard(shards, like, fast_axis: str | None = None):
     shards: the tree of shards (``hierarchical(..., gather=False)``'s output).
     like: a tree with the full leaves' shapes and dtypes (arrays or
       ``jax.ShapeDtypeStruct``).
-    fast_axis: the mesh axis to gather over inside ``shard_map``, or ``None``
-      for concatenated shards.
+    fast_axis: the mesh axis to gather over inside ``shard_map`` (or axes:
+      ``("node", "local")`` for ``qgz(..., gather=False)``'s chunks, owned
+      in that device order), or ``None`` for concatenated shards.
 
   Returns:
     A tree shaped like ``like``, each leaf cast to its dtype (saturating).
@@ -338,7 +308,7 @@ def hierarchical(
   group = (*slow, fast_axis)
 
   def init_fn(params):
-    g = _fast_size(fast_axis, params)
+    g = axes.axis_size(fast_axis, params)
     shards = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(
         (shard_size(np.prod(x.shape, dtype=int), g),), jnp.float32
