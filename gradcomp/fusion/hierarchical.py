@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from gradcomp.compressors import axes
 from gradcomp.compressors.spec import recorded
@@ -133,6 +135,12 @@ def unshard(shards, like, fast_axis: str | tuple[str, ...] | None = None):
   def one(s, x):
     if fast_axis is not None:
       s = jax.lax.all_gather(s, fast_axis, tiled=True, to="invarying")
+    elif isinstance(s, jax.Array):
+      # A global array split over the mesh (explicit sharding) cannot be
+      # sliced across its shards' boundaries: replicate it first.
+      sharding = jax.typeof(s).sharding
+      if isinstance(sharding, NamedSharding) and any(sharding.spec):
+        s = jax.sharding.reshard(s, NamedSharding(sharding.mesh, P()))
     size = int(np.prod(x.shape, dtype=int))
     return numerics.saturate(jnp.reshape(s[:size], x.shape), x.dtype)
 
