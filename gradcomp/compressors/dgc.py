@@ -51,8 +51,8 @@ def dgc_codec(
     del key
     # Two distinct buffers, so that the state can be donated.
     return DGCLeafState(
-      momentum=jnp.zeros(leaf.shape, jnp.float32),
-      velocity=jnp.zeros(leaf.shape, jnp.float32),
+      momentum=jnp.zeros_like(leaf, jnp.float32),  # sharded as the params
+      velocity=jnp.zeros_like(leaf, jnp.float32),
     )
 
   def apply(g, state, key, step):

@@ -80,7 +80,8 @@ def error_feedback(codec: LeafCodec) -> LeafCodec:
 
   def init(leaf, key):
     return ErrorFeedbackState(
-      residual=jnp.zeros(leaf.shape, jnp.float32),
+      # Like the leaf: sharded as the params are (DESIGN §7).
+      residual=jnp.zeros_like(leaf, jnp.float32),
       inner=codec.init(leaf, key),
     )
 
