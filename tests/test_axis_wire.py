@@ -100,3 +100,26 @@ def test_two_link_classes_price_each_axis_on_its_own(records):
   slow = sum(seconds(r, 10.0, 30.0) for r in got)
   assert cluster.axis_seconds(got) == pytest.approx(slow) and slow > want
   assert np.isclose(cluster.axis_seconds([]), 0.0)
+
+
+def test_the_traced_program_gives_the_same_records(records):
+  """Traced on an abstract mesh (no devices), the same six collectives."""
+  from jax.sharding import AbstractMesh
+
+  from gradcomp.parallel import traced
+
+  _, compiled = records
+  abstract = AbstractMesh((2, 4), ("node", "local"))
+  f = jax.shard_map(_program, mesh=abstract, in_specs=SPEC, out_specs=SPEC)
+  x = jax.ShapeDtypeStruct(
+    (8 * D,), jnp.float32, sharding=NamedSharding(abstract, SPEC)
+  )
+  got = traced.traced_axis_wire(f, x, mesh=abstract)
+  key = lambda r: (r.kind, r.axes, r.operand_bytes, r.group)
+  assert sorted(map(key, got)) == sorted(map(key, compiled))
+  big = AbstractMesh((16, 8), ("node", "local"))
+  f = jax.shard_map(_program, mesh=big, in_specs=SPEC, out_specs=SPEC)
+  x = jax.ShapeDtypeStruct((128 * D,), jnp.float32, sharding=NamedSharding(big, SPEC))
+  groups = {(r.kind, r.axes): r.group for r in traced.traced_axis_wire(f, x, mesh=big)}
+  assert groups[("all-gather", ("node",))] == 16
+  assert groups[("all-reduce", ("node", "local"))] == 128

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from gradcomp.parallel import wire
 from gradcomp.parallel.wire import COLLECTIVES as KINDS
 from gradcomp.parallel.workers import add_worker_axis, sharded_update
 
@@ -59,6 +60,66 @@ def _collectives(jaxpr, totals: dict[str, list], scale: int = 1) -> None:
       else:
         for s in subs:
           _collectives(s, totals, inner_scale)
+
+
+def _axes_param(eqn) -> tuple[str, ...]:
+  """The mesh axes a collective equation runs over (``axes`` or ``axis_name``)."""
+  value = eqn.params.get("axes", eqn.params.get("axis_name", ()))
+  return tuple(value) if isinstance(value, tuple | list) else (value,)
+
+
+def _records(jaxpr, mesh, out: list, scale: int = 1) -> None:
+  """Appends a :class:`wire.Collective` for every collective in ``jaxpr``.
+
+  A ``scan`` body's collectives count ``length`` times (their bytes scaled);
+  of a ``cond``'s branches, the one sending most.
+  """
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+  for eqn in jaxpr.eqns:
+    kind = _PRIMITIVE_KINDS.get(eqn.primitive.name)
+    if kind is not None:
+      named = set(_axes_param(eqn))
+      axes = tuple(a for a in mesh.axis_names if a in named)
+      group = 1
+      for a in axes:
+        group *= sizes[a]
+      if kind == "collective-permute":
+        group = 2
+      nbytes = sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.invars)
+      out.append(wire.Collective(kind, scale * nbytes, group, axes))
+    inner_scale = scale * int(eqn.params.get("length", 1))
+    for name, value in eqn.params.items():
+      branches = value if isinstance(value, tuple | list) else (value,)
+      subs = [getattr(b, "jaxpr", b) for b in branches]
+      subs = [s for s in subs if hasattr(s, "eqns")]
+      if not subs:
+        continue
+      if name == "branches":
+        options = []
+        for s in subs:
+          part: list = []
+          _records(s, mesh, part, inner_scale)
+          options.append(part)
+        out.extend(max(options, key=lambda p: sum(r.operand_bytes for r in p)))
+      else:
+        for s in subs:
+          _records(s, mesh, out, inner_scale)
+
+
+def traced_axis_wire(fn, *args, mesh) -> list:
+  """:func:`gradcomp.axis_wire`'s records, from the traced program: no devices.
+
+  ``fn`` is a ``shard_map``-ped function on ``mesh`` (a ``Mesh`` or an
+  ``AbstractMesh`` of any size, e.g. 64 nodes x 8 devices); ``args`` are
+  arrays or ``jax.ShapeDtypeStruct`` (placed on the mesh as its ``in_specs``
+  say). Each collective is labelled with the axes it names and sized by
+  their product. On a real mesh the compiled HLO's records
+  (:func:`gradcomp.axis_wire`) carry the same operand bytes, short of what
+  XLA adds or removes (a one-device group compiled away, a combined op).
+  """
+  out: list = []
+  _records(jax.make_jaxpr(fn)(*args).jaxpr, mesh, out)
+  return out
 
 
 def traced_collectives(tx, tree, axis_name: str, workers: int):
