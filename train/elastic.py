@@ -44,7 +44,7 @@ from gradcomp.compressors.base import CompressorState
 from gradcomp.compressors.dgc import DGCLeafState
 from gradcomp.compressors.fixed_point import DynamicFixedPointState
 from gradcomp.compressors.memory import ErrorFeedbackState
-from gradcomp.compressors.scatter import chunk_size
+from gradcomp.compressors.scatter import ServerErrorState, chunk_size
 from gradcomp.optimizers.demo import DeMoState
 from gradcomp.optimizers.onebit_adam import OneBitAdamState
 from gradcomp.optimizers.zero_one_adam import ZeroOneAdamState
@@ -234,8 +234,9 @@ KINDS: dict[str, Kind] = {
   ),
   "owner_residual": Kind(
     lambda leaf: owner_residual(leaf.saved, leaf.m),
-    "the 1-bit all-reduce's server error is owed once per chunk by its owner; "
-    "each value moves to its chunk's new owner",
+    "the server error of the 1-bit all-reduce and of the compressors' "
+    "exchange='scatter' forms is owed once per chunk by its owner; each value "
+    "moves to its chunk's new owner",
   ),
   "prng": Kind(
     lambda leaf: rederive_keys(np.asarray(leaf.like), leaf.step),
@@ -289,6 +290,7 @@ FIELDS: dict[tuple[type, str], str] = {
   (OneBitAdamState, "server_error"): "owner_residual",
   (ZeroOneAdamState, "worker_error"): "residual_mean",
   (ZeroOneAdamState, "server_error"): "owner_residual",
+  (ServerErrorState, "error"): "owner_residual",  # exchange="scatter" forms
   (ZeroOneAdamState, "mu"): "local",
   (ZeroOneAdamState, "accumulator"): "local",
   (LocalSGDState, "inner_state"): "local",
