@@ -23,6 +23,7 @@ Example::
   python -m gradcomp.bench transformer --methods dense,topk,diloco --seeds 3
   python -m gradcomp.bench streaming --seeds 1
   python -m gradcomp.bench device-step --model gpt2_small --batch 8
+  python -m gradcomp.bench hierarchy --models resnet50,gpt2_small
 """
 
 from __future__ import annotations
@@ -508,6 +509,25 @@ def _transformer_flags(p, methods, out: str) -> None:
   p.set_defaults(func=_transformer)
 
 
+def _hierarchy(args: argparse.Namespace) -> None:
+  import jax
+
+  # Before any computation: the (2, 4) and (8,) meshes need 8 devices.
+  jax.config.update("jax_num_cpu_devices", 8)
+  from gradcomp.bench import hierarchy
+
+  try:
+    nodes = tuple(int(n) for n in args.nodes.split(",") if n.strip())
+    hierarchy.run(
+      models=tuple(m for m in args.models.split(",") if m.strip()),
+      nodes=nodes,
+      exchanges=tuple(e for e in args.exchanges.split(",") if e.strip()),
+      out_dir=args.out,
+    )
+  except ValueError as e:
+    raise SystemExit(f"python -m gradcomp.bench hierarchy: error: {e}") from None
+
+
 def _device_step(args: argparse.Namespace) -> None:
   from gradcomp.bench import device_step
 
@@ -822,6 +842,22 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   _transformer_flags(sd, _streaming_methods(), "bench_out/streaming/")
   sd.set_defaults(seeds=1)
+  hi = suites.add_parser(
+    "hierarchy",
+    help="flat, reduce-scatter, hierarchical and qgZ exchanges on (2, 4) and (8,) "
+    "meshes: bytes per axis from the HLO; simulated step time on two-tier "
+    "clusters of 4-64 nodes x 8 GPUs",
+  )
+  hi.add_argument("--models", default="resnet50,gpt2_small")
+  hi.add_argument("--nodes", default="4,8,16,48,64", help="simulated node counts")
+  hi.add_argument(
+    "--exchanges",
+    default="dense,topk,ef_sign,int4,ef_sign_scatter,int4_scatter,hier_dense,"
+    "hier_topk,hier_sign,hier_int4,qgz",
+    help="comma-separated, 'dense' among them",
+  )
+  hi.add_argument("--out", default="bench_out/hierarchy/", help="directory")
+  hi.set_defaults(func=_hierarchy)
   ds = suites.add_parser(
     "device-step",
     help="the compressor's share of a GPT AdamW step on one device (a GPU where "
