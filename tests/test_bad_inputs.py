@@ -124,7 +124,7 @@ def _hostile(clean: np.ndarray, case: str) -> np.ndarray:
     value = 3 * float(info.smallest_subnormal)
   elif np.isfinite(value):
     value = float(np.clip(value, float(info.min), float(info.max)))
-  out = clean.copy()
+  out = np.array(clean)  # a copy, 0-d for a scalar leaf
   out.reshape(-1)[::2] = value
   return out
 
@@ -144,7 +144,9 @@ def _grads(workers: int, case: str):
   out = {}
   for k, clean in _clean(workers).items():
     g = clean.copy()
-    g[0, 0] = _hostile(clean[0, 0], case)
+    # np.asarray: a scalar leaf's clean[0, 0] is a NumPy scalar, which
+    # _hostile's in-place write would miss.
+    g[0, 0] = _hostile(np.asarray(clean[0, 0]), case)
     out[k] = g
   return out
 
