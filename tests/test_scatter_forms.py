@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
-from gradcomp.compressors import exchange, memory, scatter
+from gradcomp.compressors import exchange, intq, memory, scatter
 from gradcomp.compressors.intq import Int8ErrorFeedbackState
 from gradcomp.kernels import hashing
 from gradcomp.parallel import wire
@@ -341,8 +341,15 @@ def reference_two_stage(y, server, enc, reduce, worker_keys, owner_keys):
   return out[:d], sent, new_server, margin
 
 
-@pytest.mark.parametrize("workers", [N, 1])
-@pytest.mark.parametrize("case", sorted(CASES))
+# Every case on 8 workers; on one device (n = 1: the worker owns the one
+# chunk, the all-to-all is the identity) the cases that cover each kind of
+# encoding: sign bits, a sum-scaled sign, stochastic buckets, exponents, int4.
+ONE_DEVICE = ("signsgd", "ef_signsgd", "qsgd_ef", "dynamic_stochastic", "int4")
+
+
+@pytest.mark.parametrize(
+  "case,workers", [(c, N) for c in sorted(CASES)] + [(c, 1) for c in ONE_DEVICE]
+)
 def test_every_scatter_form_matches_its_numpy_reference(case, workers):
   g, updates, states, _ = run_case(case, workers)
   enc, reduce = REFERENCES[case]
@@ -723,11 +730,38 @@ def test_loco_int8_residuals_track_the_float32_ones():
     ):
       d = math.prod(SHAPES[k])
       want = np.asarray(want).reshape(N, d)
-      scales = np.repeat(got.scales, 2, axis=1)[:, :d]
+      scales = np.repeat(got.scales, intq.RESIDUAL_BLOCK, axis=1)[:, :d]
       decoded = got.codes[:, :d].astype(np.float64) * scales
       assert np.all(
         np.abs(decoded - want) <= scales / 2 * (1 + 1e-5) + U * np.abs(want)
       )
+  # Elastic resume, 8 -> 4 workers: train.elastic decodes each 8-bit
+  # residual with its scales, moves it (the mean; each server value to its
+  # new owner) and re-encodes it, within half a step of the new scales.
+  import collections
+
+  from train import elastic
+
+  like = gradcomp.add_worker_axis(loco.init(params), 4)
+  per_worker = jax.tree.map(lambda _: True, like)
+  moved = elastic._opt_state(
+    s_loco, like, per_worker, N, 4, step=1, counts=collections.Counter()
+  )
+  for k in SHAPES:
+    d = math.prod(SHAPES[k])
+    old, new = s_loco.leaves[k], moved.leaves[k]
+    assert isinstance(new.residual, intq.Int8Residual)
+    for part, move in ((old.residual, "mean"), (old.server, "owner")):
+      values = np.asarray(intq.load_int8(part.codes, part.scales), np.float64)
+      if move == "mean":
+        want = np.broadcast_to(values.mean(axis=0), (4, d))
+        got_part = new.residual
+      else:
+        want = elastic.owner_residual(values, 4)
+        got_part = new.server
+      got = np.asarray(intq.load_int8(got_part.codes, got_part.scales), np.float64)
+      step = np.repeat(np.asarray(got_part.scales), intq.RESIDUAL_BLOCK, axis=1)[:, :d]
+      assert np.all(np.abs(got - want) <= step / 2 * (1 + 1e-5) + 2 * U * np.abs(want))
 
 
 def test_elastic_resume_moves_the_server_error_to_its_new_owner():

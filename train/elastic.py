@@ -43,6 +43,12 @@ from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 from gradcomp.compressors.base import CompressorState
 from gradcomp.compressors.dgc import DGCLeafState
 from gradcomp.compressors.fixed_point import DynamicFixedPointState
+from gradcomp.compressors.intq import (
+  Int8Residual,
+  Int8ServerError,
+  load_int8,
+  store_int8,
+)
 from gradcomp.compressors.memory import ErrorFeedbackState
 from gradcomp.compressors.scatter import ServerErrorState, chunk_size
 from gradcomp.optimizers.demo import DeMoState
@@ -117,6 +123,19 @@ def owner_residual(errors: np.ndarray, m: int) -> np.ndarray:
   moved = np.zeros((m, d), errors.dtype)
   moved[index // chunk_size(d, m), index] = owned
   return moved
+
+
+def int8_moved(codes: np.ndarray, scales: np.ndarray, move, m: int):
+  """A residual stored in 8 bits (LoCo), decoded, moved by ``move``, re-encoded.
+
+  ``move``: :func:`repartition_mean` (a worker's residual) or
+  :func:`owner_residual` (a server error). Returns the new ``(codes,
+  scales)``; the re-encoding rounds each value to nearest, within half a
+  step of its block's scale, as every step's storage does.
+  """
+  values = np.asarray(load_int8(codes, scales), np.float32)
+  new_codes, new_scales = store_int8(np.ascontiguousarray(move(values, m)))
+  return np.asarray(new_codes), np.asarray(new_scales)
 
 
 def from_anchor(anchor: np.ndarray, m: int) -> np.ndarray:
@@ -238,6 +257,24 @@ KINDS: dict[str, Kind] = {
     "exchange='scatter' forms is owed once per chunk by its owner; each value "
     "moves to its chunk's new owner",
   ),
+  "int8_residual_codes": Kind(
+    lambda leaf: int8_moved(leaf.saved, leaf.partner, repartition_mean, leaf.m)[0],
+    "residual_mean for an error-feedback residual stored in 8 bits (LoCo): "
+    "decoded with its scales, moved, re-encoded",
+  ),
+  "int8_residual_scales": Kind(
+    lambda leaf: int8_moved(leaf.partner, leaf.saved, repartition_mean, leaf.m)[1],
+    "the scales of an 8-bit residual, moved with its codes",
+  ),
+  "int8_owner_codes": Kind(
+    lambda leaf: int8_moved(leaf.saved, leaf.partner, owner_residual, leaf.m)[0],
+    "owner_residual for a server error stored in 8 bits (LoCo): decoded with "
+    "its scales, each value moved to its chunk's new owner, re-encoded",
+  ),
+  "int8_owner_scales": Kind(
+    lambda leaf: int8_moved(leaf.partner, leaf.saved, owner_residual, leaf.m)[1],
+    "the scales of an 8-bit server error, moved with its codes",
+  ),
   "prng": Kind(
     lambda leaf: rederive_keys(np.asarray(leaf.like), leaf.step),
     "per-worker streams re-derived from the seed, the step and the new worker "
@@ -291,6 +328,10 @@ FIELDS: dict[tuple[type, str], str] = {
   (ZeroOneAdamState, "worker_error"): "residual_mean",
   (ZeroOneAdamState, "server_error"): "owner_residual",
   (ServerErrorState, "error"): "owner_residual",  # exchange="scatter" forms
+  (Int8Residual, "codes"): "int8_residual_codes",  # int_quantize(residual_bits=8)
+  (Int8Residual, "scales"): "int8_residual_scales",
+  (Int8ServerError, "codes"): "int8_owner_codes",
+  (Int8ServerError, "scales"): "int8_owner_scales",
   (ZeroOneAdamState, "mu"): "local",
   (ZeroOneAdamState, "accumulator"): "local",
   (LocalSGDState, "inner_state"): "local",
@@ -323,6 +364,10 @@ PARTNERS: dict[str, str] = {
   "choco_neighbourhood": "public",
   "async_pulled": "version",
   "async_backup": "server",
+  "int8_residual_codes": "scales",  # The sibling field: codes and scales move together.
+  "int8_residual_scales": "codes",
+  "int8_owner_codes": "scales",
+  "int8_owner_scales": "codes",
 }
 
 #: Per-worker params by the scheme state the optimizer holds: (kind, field

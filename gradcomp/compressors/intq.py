@@ -92,50 +92,63 @@ def int_chunks(bits: int, block_size: int) -> scatter.ChunkCodec:
 
 # -- LoCo's 8-bit residuals ------------------------------------------------------
 
+#: Values per float32 scale of a residual stored in 8 bits. Fixed (not the
+#: codec's ``block_size``), so a stored residual's layout follows from its
+#: length alone, and an elastic resume can decode and re-encode it.
+RESIDUAL_BLOCK = 128
+
+
+def load_int8(codes: jax.Array, scales: jax.Array) -> jax.Array:
+  """float32 values of residuals stored in 8 bits, shape ``codes.shape`` (..., d).
+
+  ``codes``: int8 ``(..., d)``; ``scales``: float32 ``(..., ceil(d /
+  RESIDUAL_BLOCK))`` (``kernels.blockq`` with 8 bits and blocks of
+  :data:`RESIDUAL_BLOCK`).
+  """
+  d = codes.shape[-1]
+  pad = scales.shape[-1] * RESIDUAL_BLOCK - d
+  codes = jnp.pad(jnp.asarray(codes), [(0, 0)] * (codes.ndim - 1) + [(0, pad)])
+  return blockq.dequantize(codes, jnp.asarray(scales), 8, RESIDUAL_BLOCK, d)
+
+
+def store_int8(values: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(codes, scales)`` of float32 ``values`` (..., d): :func:`load_int8`'s inverse, to nearest."""
+  d = values.shape[-1]
+  codes, scales = blockq.quantize(jnp.asarray(values, jnp.float32), 8, RESIDUAL_BLOCK)
+  return codes[..., :d], scales
+
 
 class Int8Residual(NamedTuple):
-  """An error-feedback residual stored in 8 bits (LoCo), per worker.
+  """A worker's error-feedback residual stored in 8 bits (LoCo), per worker."""
 
-  Decodes to ``codes * scales`` per block of ``block_size`` values of the
-  flattened leaf (``kernels.blockq`` with ``bits=8``).
+  codes: jax.Array  # shape=(d,), int8: the flattened residual's codes.
+  scales: jax.Array  # shape=(ceil(d / RESIDUAL_BLOCK),), float32: one per block.
+
+
+class Int8ServerError(NamedTuple):
+  """An owner's server error stored in 8 bits (LoCo), full size, per worker.
+
+  As ``scatter.ServerErrorState``: only the owned chunk's entries in use.
   """
 
-  codes: jax.Array  # shape=(blocks * block_size,), int8: the flat residual's codes.
-  scales: jax.Array  # shape=(blocks,), float32: one scale per block.
+  codes: jax.Array  # shape=(d,), int8: the flattened server error's codes.
+  scales: jax.Array  # shape=(ceil(d / RESIDUAL_BLOCK),), float32: one per block.
 
 
-def _store8(values: jax.Array, block_size: int) -> Int8Residual:
-  codes, scales = blockq.quantize(values.reshape(-1), 8, block_size)
-  return Int8Residual(codes, scales)
-
-
-def _load8(stored: Int8Residual, block_size: int, shape) -> jax.Array:
-  size = 1
-  for s in shape:
-    size *= s
-  flat = blockq.dequantize(stored.codes, stored.scales, 8, block_size, size)
-  return flat.reshape(shape)
-
-
-def _zeros8(size: int, block_size: int) -> Int8Residual:
-  blocks = blockq.num_blocks(size, block_size)
-  return Int8Residual(
-    jnp.zeros((blocks * block_size,), jnp.int8), jnp.zeros((blocks,), jnp.float32)
-  )
+def _zeros8(cls, size: int):
+  blocks = blockq.num_blocks(size, RESIDUAL_BLOCK)
+  return cls(jnp.zeros((size,), jnp.int8), jnp.zeros((blocks,), jnp.float32))
 
 
 class Int8ErrorFeedbackState(NamedTuple):
   """Per-leaf state of :func:`int_quantize` with ``residual_bits=8`` (per worker)."""
 
   residual: Int8Residual  # the worker error, in 8 bits.
-  server: Int8Residual | tuple  # the server error in 8 bits (scatter form), or ().
+  server: Int8ServerError | tuple  # the server error (scatter form), or ().
 
 
 def _loco_codec(
-  inner: scatter.ChunkCodec | None,
-  gather_codec: LeafCodec | None,
-  axis_name,
-  block_size: int,
+  inner: scatter.ChunkCodec | None, gather_codec: LeafCodec | None, axis_name
 ) -> LeafCodec:
   """Error feedback whose residuals (worker, and server in the scatter form) are int8.
 
@@ -148,22 +161,25 @@ def _loco_codec(
     size = 1
     for s in leaf.shape:
       size *= s
-    server = _zeros8(size, block_size) if inner is not None else ()
-    return Int8ErrorFeedbackState(_zeros8(size, block_size), server)
+    server = _zeros8(Int8ServerError, size) if inner is not None else ()
+    return Int8ErrorFeedbackState(_zeros8(Int8Residual, size), server)
 
   def apply(g, state, key, step):
-    e = memory.corrected(_load8(state.residual, block_size, g.shape), g)
+    stored = load_int8(*state.residual).reshape(g.shape)
+    e = memory.corrected(stored, g)
     if inner is None:
       mean, remainder, _ = gather_codec.apply(e, (), key, step)
-      return mean, remainder, Int8ErrorFeedbackState(_store8(remainder, block_size), ())
+      residual = Int8Residual(*store_int8(remainder.reshape(-1)))
+      return mean, remainder, Int8ErrorFeedbackState(residual, ())
     flat = e.reshape(-1)
-    error = _load8(state.server, block_size, flat.shape)
-    mean, sent, server = scatter.two_stage(flat, error, inner, axis_name, key)
-    remainder = (flat - sent).reshape(g.shape)
-    new_state = Int8ErrorFeedbackState(
-      _store8(remainder, block_size), _store8(server, block_size)
+    mean, sent, server = scatter.two_stage(
+      flat, load_int8(*state.server), inner, axis_name, key
     )
-    return mean.reshape(g.shape), remainder, new_state
+    remainder = flat - sent
+    new_state = Int8ErrorFeedbackState(
+      Int8Residual(*store_int8(remainder)), Int8ServerError(*store_int8(server))
+    )
+    return mean.reshape(g.shape), remainder.reshape(g.shape), new_state
 
   return LeafCodec(init, apply)
 
@@ -215,9 +231,10 @@ def int_quantize(
     z_j = \tfrac1n \textstyle\sum_w \hat e_{w,j} + s_j,\qquad
     s_j \leftarrow z_j - Q(z_j),\qquad \text{output}_j = Q(z_j)
 
-  ``residual_bits=8`` stores both residuals in 8 bits, as LoCo does, a
-  quarter of the memory of float32 residuals: int8 codes with a float32
-  scale per block of ``block_size`` values of the flattened leaf,
+  ``residual_bits=8`` stores both residuals in 8 bits, as LoCo does, about
+  a quarter of the memory of float32 residuals: int8 codes with a float32
+  scale per block of :data:`RESIDUAL_BLOCK` values of the flattened leaf
+  (:class:`Int8Residual`, :class:`Int8ServerError`),
   rounded to nearest, read back before each step (``r_t = Q_8(e_t -
   \hat e_t)``). What that storage rounds away (at most half a step of the
   residual's block, per value and step) is lost, not fed back; LoCo's
@@ -287,7 +304,7 @@ def int_quantize(
   if form == "scatter":
     chunks = int_chunks(bits, block_size)
     if residual_bits == 8:
-      return leafwise(_loco_codec(chunks, None, axis_name, block_size))
+      return leafwise(_loco_codec(chunks, None, axis_name))
     codec = scatter.scatter_codec(chunks, axis_name, server_error=error_feedback)
     return leafwise(memory.maybe_error_feedback(codec, error_feedback))
 
@@ -306,5 +323,5 @@ def int_quantize(
 
   codec = LeafCodec(stateless_init, apply)
   if residual_bits == 8:
-    return leafwise(_loco_codec(None, codec, axis_name, block_size))
+    return leafwise(_loco_codec(None, codec, axis_name))
   return leafwise(memory.maybe_error_feedback(codec, error_feedback))
