@@ -68,6 +68,10 @@ def compressor(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("max_ratio", float),
     ("format", str),
     ("stochastic", bool),
+    # The program's, not the factory's: the mesh's fast axis ("local" on
+    # config.mesh=node=N,local=M) to reduce-scatter over before compressing
+    # over the slow one, gradcomp.hierarchical (train/mesh.py).
+    ("hierarchical", str),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)
@@ -229,6 +233,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.step = "shard_map"  # shard_map | pmap (train/step.py)
   # Workers: the first config.workers devices (one process), or all if unset.
   config.workers = config_dict.placeholder(int)
+  # The mesh over the workers, "name=size,..." (train/mesh.py); unset:
+  # "data=<workers>". "data=2,fsdp=4": params and optimizer state sharded
+  # over fsdp (FSDP / ZeRO), the gradient reduce-scattered over fsdp and
+  # compressed over data. "node=2,local=4": with
+  # config.compressor.hierarchical="local", dense reduce-scatter inside a
+  # node, compression across nodes. Every device is a worker; multi-axis
+  # meshes run scheme.name=none under step=shard_map.
+  config.mesh = config_dict.placeholder(str)
   config.global_batch_size = 128
   # Typed placeholders, so a variant can unset one and the command line can
   # still set it.

@@ -9,8 +9,10 @@ and renames it when complete, so a run killed mid-save leaves the previous
 checkpoint as the latest.
 
 Each checkpoint also records, in Orbax's metadata, the number of workers
-that saved it: a run resumed on another number moves the state by the rules
-of ``train/elastic.py`` (elastic resume, DESIGN §9).
+that saved it and their mesh (``config.mesh``): a run resumed on another
+number moves the state by the rules of ``train/elastic.py`` (elastic
+resume, DESIGN §9), one resumed on another mesh shape by those of
+``train/reshard.py``.
 """
 
 from __future__ import annotations
@@ -74,12 +76,20 @@ class Checkpointer:
     max_to_keep: how many of the latest checkpoints are kept.
     workers: the run's number of workers, recorded with each checkpoint
       (``None``: not recorded).
+    mesh: the run's mesh, ``{"mesh": "data=2,fsdp=4", "hierarchical":
+      "fsdp"}`` (``train.mesh.MeshSpec.record``), recorded with each
+      checkpoint (``None``: not recorded).
   """
 
   def __init__(
-    self, directory: str | Path, max_to_keep: int, workers: int | None = None
+    self,
+    directory: str | Path,
+    max_to_keep: int,
+    workers: int | None = None,
+    mesh: dict[str, Any] | None = None,
   ):
     self._workers = workers
+    self._mesh = mesh
     self._manager = ocp.CheckpointManager(
       Path(directory).absolute(),
       # A run killed mid-save leaves a temporary directory; drop it on restart.
@@ -106,7 +116,9 @@ class Checkpointer:
       )
     # Orbax copies the arrays to host before returning, so the next step may
     # donate (delete) their buffers.
-    custom = None if self._workers is None else {"workers": self._workers}
+    custom = {} if self._workers is None else {"workers": self._workers}
+    custom.update(self._mesh or {})
+    custom = custom or None
     self._manager.save(
       step, args=ocp.args.StandardSave(state), force=True, custom_metadata=custom
     )
@@ -129,6 +141,27 @@ class Checkpointer:
       for leaf in jax.tree.leaves(metadata.item_metadata.tree)
     }
     return (None if workers is None else int(workers)), shapes
+
+  def saved_mesh(self, step: int) -> dict[str, Any] | None:
+    """The mesh checkpoint ``step`` recorded (as given to the constructor), if any."""
+    custom = self._manager.metadata(step).custom_metadata or {}
+    if "mesh" not in custom:
+      return None
+    return {k: custom.get(k) for k in ("mesh", "hierarchical")}
+
+  def restore_named(self, step: int) -> dict[str, np.ndarray]:
+    """Every array of checkpoint ``step``, on the host, by :func:`name_of` its path.
+
+    Read in the checkpoint's own tree (from its metadata), whatever the
+    run's: for moving a state between layouts (``train/reshard.py``).
+    """
+    tree = self._manager.metadata(step).item_metadata.tree
+    template = jax.tree.map(lambda m: np.empty(m.shape, m.dtype), tree)
+    restored = self._manager.restore(step, args=ocp.args.StandardRestore(template))
+    return {
+      name_of(path): np.asarray(x)
+      for path, x in jax.tree_util.tree_flatten_with_path(restored)[0]
+    }
 
   def restore_host(self, step: int, like: State) -> State:
     """Checkpoint ``step`` as host NumPy arrays in ``like``'s tree (shapes as saved).

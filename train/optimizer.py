@@ -33,12 +33,17 @@ from absl import logging
 
 import gradcomp
 from gradcomp.optimizers import zero_one_adam as zero_one_adam_lib
+from train import mesh as mesh_lib
+
+#: Fields of ``config.compressor`` that are the program's, not the factory's.
+PROGRAM_FIELDS = ("hierarchical",)
 
 
 def compressor(cfg, axis_name: str | None) -> optax.GradientTransformation:
   """``gradcomp.get(cfg.name, axis_name=..., **set fields of cfg)``.
 
-  Fields of ``cfg`` other than ``name`` are keyword arguments; ``None`` ones
+  Fields of ``cfg`` other than ``name`` (and :data:`PROGRAM_FIELDS`, read by
+  :func:`mesh_spec`) are keyword arguments; ``None`` ones
   are unset. A set field the chosen factory does not take (``ratio`` left over
   after ``--config.compressor.name=signsgd``) is dropped with a warning, so one
   config serves every compressor.
@@ -53,7 +58,8 @@ def compressor(cfg, axis_name: str | None) -> optax.GradientTransformation:
       f"unknown compressor {name!r} (config.compressor.name); valid names: "
       f"{', '.join(gradcomp.names())}"
     )
-  kwargs = {k: v for k, v in cfg.items() if k != "name" and v is not None}
+  skip = ("name", *PROGRAM_FIELDS)
+  kwargs = {k: v for k, v in cfg.items() if k not in skip and v is not None}
   # The registry hands out instances, not factories; built-in names are the
   # factories' own names, so their signatures tell which fields apply.
   factory = getattr(gradcomp, name, None)
@@ -98,6 +104,20 @@ def num_workers(config) -> int:
   if workers != jax.device_count() and jax.process_count() > 1:
     raise ValueError("config.workers below the device count runs in one process only")
   return workers
+
+
+def mesh_spec(config) -> mesh_lib.MeshSpec:
+  """The run's mesh: ``config.mesh`` over :func:`num_workers` workers (``train/mesh.py``).
+
+  Unset, ``data=<workers>``; ``config.compressor.hierarchical`` names the
+  fast axis a compressor reduce-scatters over.
+
+  Raises:
+    ValueError: a bad ``config.mesh`` or ``config.compressor.hierarchical``.
+  """
+  return mesh_lib.parse(
+    config.get("mesh"), num_workers(config), config.compressor.get("hierarchical")
+  )
 
 
 def cluster_of(config, workers: int) -> gradcomp.sim.Cluster:
@@ -214,8 +234,11 @@ _ZERO_ONE_FIELDS = (
 )
 
 
-def _clipping(cfg) -> list[optax.GradientTransformation]:
+def _clipping(cfg, shards=None) -> list[optax.GradientTransformation]:
   """``[clip_by_global_norm(cfg.clip_norm)]``, or ``[]`` when unset.
+
+  With ``shards`` (``train.mesh.ShardedParams``) each device clips its
+  shards by the norm of the whole gradient (``train.mesh.clip_by_global_norm``).
 
   Raises:
     ValueError: a clip norm that is not positive.
@@ -225,6 +248,8 @@ def _clipping(cfg) -> list[optax.GradientTransformation]:
     return []
   if not clip > 0:
     raise ValueError(f"config.optimizer.clip_norm must be > 0 or None, got {clip}")
+  if shards is not None:
+    return [mesh_lib.clip_by_global_norm(clip, shards.axis)]
   return [optax.clip_by_global_norm(clip)]
 
 
@@ -335,7 +360,9 @@ def decay_mask(params):
   return jax.tree.map(lambda p: np.ndim(p) >= 2, params)
 
 
-def local_optimizer(cfg, total_steps: int) -> list[optax.GradientTransformation]:
+def local_optimizer(
+  cfg, total_steps: int, shards: mesh_lib.ShardedParams | None = None
+) -> list[optax.GradientTransformation]:
   """The chain after the exchange: [clipping], then SGD (+ weight decay) or AdamW.
 
   ``cfg.clip_norm`` clips the global norm of the exchanged (mean) gradient.
@@ -343,11 +370,16 @@ def local_optimizer(cfg, total_steps: int) -> list[optax.GradientTransformation]
   momentum; ``adamw`` is ``optax.adamw`` with decoupled weight decay masked by
   :func:`decay_mask` (Loshchilov & Hutter 2019).
 
+  ``shards``: under FSDP (``train.mesh.ShardedParams``) the chain updates
+  each device's 1-D shards of the mean gradient; clipping then sums the
+  norm over the shards and the decay mask is the full params' (a shard of a
+  matrix is decayed, of a bias not).
+
   Raises:
     ValueError: an unknown ``cfg.name`` or schedule, or a non-positive clip norm.
   """
   name = cfg.get("name", "sgd")
-  parts = _clipping(cfg)
+  parts = _clipping(cfg, shards)
   lr = learning_rate(cfg, total_steps)
   if name == "sgd":
     if cfg.weight_decay:
@@ -361,7 +393,7 @@ def local_optimizer(cfg, total_steps: int) -> list[optax.GradientTransformation]
         b2=cfg.get("b2", 0.999),
         eps=cfg.get("eps", 1e-8),
         weight_decay=cfg.weight_decay,
-        mask=decay_mask,
+        mask=decay_mask if shards is None else decay_mask(shards.like),
       )
     )
   else:

@@ -1,6 +1,8 @@
 """The data-parallel training step and where its state lives (DESIGN §3).
 
-One ``Mesh`` over all devices with axis ``"data"``; the step is
+One ``Mesh`` over all devices, with axis ``"data"`` unless ``config.mesh``
+names others (``train/mesh.py``); every device is a worker and the step's
+data-parallel axis is every mesh axis (:func:`worker_axis`). The step is
 ``jax.jit(jax.shard_map(...))``: each worker computes its local loss and
 gradient, ``tx.update`` compresses and exchanges (DESIGN §1), and every worker
 applies the same mean update.
@@ -17,6 +19,15 @@ trace, computed from the exchanged mean; step counters; the shared PRNG key)
 is replicated. Giving the momentum trace a worker axis too would type the
 updates, and so the params, as varying, which ``out_specs=P()`` rejects
 without an extra all-reduce (BUILD_NOTES, issue 4).
+
+FSDP (``Layout.fsdp``, a mesh ``data=D,fsdp=F``): params are stored as
+``(F, c)`` shards over ``"fsdp"`` (``train.mesh.ShardedParams``) and
+all-gathered at use inside the step; ``tx`` returns this device's shards
+of the update. An optimizer-state leaf typed varying over ``"fsdp"`` only
+(momentum, Adam's moments of the shards) carries a leading shard axis
+sharded over ``"fsdp"`` (``Layout.sharded``); one varying over any other
+worker axis (error-feedback residuals of each device's shard) carries the
+leading worker axis over every mesh axis.
 
 Variants (``config.step``). ``"shard_map"`` (the default) runs on the state
 as laid out above. ``"pmap"`` runs the same ``_body`` under ``jax.pmap`` over
@@ -48,16 +59,27 @@ from jax.sharding import PartitionSpec as P
 
 import gradcomp
 from gradcomp.parallel import branches
+from train import mesh as mesh_lib
 
-AXIS = "data"
+AXIS = mesh_lib.DATA
 VARIANTS = ("shard_map", "pmap")
 
 Batch = tuple[jax.Array, jax.Array]
 
 
-def _varying(x) -> bool:
-  """Whether ``x``, traced inside ``shard_map``, is typed varying over AXIS."""
-  return AXIS in branches.varying_axes(x)
+def worker_axis(mesh: Mesh) -> str | tuple[str, ...]:
+  """The step's data-parallel axis: every axis of ``mesh`` (``AXIS`` on the default one)."""
+  names = tuple(mesh.axis_names)
+  return names[0] if len(names) == 1 else names
+
+
+def _axes(axis) -> tuple[str, ...]:
+  return (axis,) if isinstance(axis, str) else tuple(axis)
+
+
+def _varying(x, axis) -> frozenset:
+  """The axes of ``axis`` that ``x``, traced inside ``shard_map``, is typed varying over."""
+  return branches.varying_axes(x) & frozenset(_axes(axis))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,39 +87,84 @@ class Layout:
   """Where the train state lives on the mesh.
 
   Attributes:
-    mesh: the mesh, one axis ``AXIS`` over all devices.
+    mesh: the mesh; every device is a worker (:func:`worker_axis`).
     per_worker: a tree over the optimizer state's leaves: ``True`` where the
-      leaf carries a leading worker axis sharded over ``AXIS``.
+      leaf carries a leading worker axis sharded over :attr:`axis`.
     params_per_worker: whether params and model state carry a leading worker
       axis too (a scheme whose workers' params differ, DESIGN §5); otherwise
       they are replicated.
+    fsdp: the params' shards (``train.mesh.ShardedParams``), or ``None``.
+    sharded: with ``fsdp``, a tree over the optimizer state's leaves:
+      ``True`` where the leaf carries a leading shard axis sharded over
+      ``fsdp.axis`` (state shaped like the shards); ``None`` without.
   """
 
   mesh: Mesh
   per_worker: Any
   params_per_worker: bool = False
+  fsdp: mesh_lib.ShardedParams | None = None
+  sharded: Any = None
+
+  @property
+  def axis(self) -> str | tuple[str, ...]:
+    """The step's data-parallel axis (:func:`worker_axis`)."""
+    return worker_axis(self.mesh)
 
   @property
   def params(self) -> P:
-    """Spec of every param and model-state leaf."""
-    return P(AXIS) if self.params_per_worker else P()
+    """Spec of every param leaf."""
+    if self.fsdp is not None:
+      return self.fsdp.spec
+    return self.model_state_spec
+
+  @property
+  def model_state_spec(self) -> P:
+    """Spec of every model-state leaf (batch statistics)."""
+    return P(self.axis) if self.params_per_worker else P()
 
   @property
   def num_workers(self) -> int:
-    return self.mesh.shape[AXIS]
+    return self.mesh.size
+
+  def rows(self):
+    """A tree over the optimizer state: whether a leaf has a leading (worker or shard) axis."""
+    if self.sharded is None:
+      return self.per_worker
+    return jax.tree.map(lambda w, s: w or s, self.per_worker, self.sharded)
 
   def opt_specs(self):
-    return jax.tree.map(lambda w: P(AXIS) if w else P(), self.per_worker)
+    if self.sharded is None:
+      return jax.tree.map(lambda w: P(self.axis) if w else P(), self.per_worker)
+    return jax.tree.map(
+      lambda w, s: P(self.axis) if w else self.fsdp.spec if s else P(),
+      self.per_worker,
+      self.sharded,
+    )
 
   def shardings(self, specs):
     return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs)
 
   def to_global(self, opt_state):
-    """Per-worker leaves of a one-worker state repeated for every worker."""
+    """Per-worker leaves of a one-worker state repeated for every worker.
+
+    Leaves shaped like the shards (``sharded``) are repeated for every
+    shard: ``tx.init`` gives every shard the same start (zeros).
+    """
+    if self.sharded is None:
+      return jax.tree.map(
+        lambda x, w: gradcomp.add_worker_axis(x, self.num_workers) if w else x,
+        opt_state,
+        self.per_worker,
+      )
     return jax.tree.map(
-      lambda x, w: gradcomp.add_worker_axis(x, self.num_workers) if w else x,
+      lambda x, w, s: (
+        gradcomp.add_worker_axis(x, self.num_workers if w else self.fsdp.size)
+        if w or s
+        else x
+      ),
       opt_state,
       self.per_worker,
+      self.sharded,
     )
 
   def params_to_global(self, tree):
@@ -106,12 +173,22 @@ class Layout:
       return tree
     return gradcomp.add_worker_axis(tree, self.num_workers)
 
+  def global_params(self, params, model_state):
+    """One worker's full ``(params, model_state)`` in the layout's global shapes.
+
+    Repeated for every worker if per worker; params cut in ``(F, c)``
+    shards under FSDP (traceable, so ``jax.eval_shape`` gives the shapes).
+    """
+    if self.fsdp is not None:
+      return self.fsdp.shard(params), model_state
+    return self.params_to_global((params, model_state))
+
   def place(self, params, model_state, opt_state):
     """``(global params, global model_state, global opt_state)`` put on the mesh."""
     put = lambda tree, spec: jax.device_put(tree, NamedSharding(self.mesh, spec))
     return (
       put(params, self.params),
-      put(model_state, self.params),
+      put(model_state, self.model_state_spec),
       jax.device_put(opt_state, self.shardings(self.opt_specs())),
     )
 
@@ -134,7 +211,7 @@ class Layout:
         jax.tree.map(lambda x, w: x if w else copy(x), opt_state, self.per_worker),
       )
 
-    specs = (self.params, self.params, self.opt_specs())
+    specs = (self.params, self.model_state_spec, self.opt_specs())
     stacked = jax.jit(
       jax.shard_map(stack, mesh=self.mesh, in_specs=specs, out_specs=P(AXIS))
     )(params, model_state, opt_state)
@@ -157,7 +234,7 @@ class Layout:
         jax.tree.map(lambda x, w: x if w else own(x), opt_state, self.per_worker),
       )
 
-    specs = (self.params, self.params, self.opt_specs())
+    specs = (self.params, self.model_state_spec, self.opt_specs())
     # Unchecked: pmap's replicas are equal (the same program on the same
     # values), which the varying types cannot show.
     return jax.jit(
@@ -167,12 +244,12 @@ class Layout:
     )(*stacked)
 
 
-def _drop(opt_state, per_worker):
-  return jax.tree.map(lambda x, w: x[0] if w else x, opt_state, per_worker)
+def _drop(opt_state, rows):
+  return jax.tree.map(lambda x, w: x[0] if w else x, opt_state, rows)
 
 
-def _add(opt_state, per_worker):
-  return jax.tree.map(lambda x, w: x[None] if w else x, opt_state, per_worker)
+def _add(opt_state, rows):
+  return jax.tree.map(lambda x, w: x[None] if w else x, opt_state, rows)
 
 
 def cross_entropy(logits, labels) -> tuple[jax.Array, jax.Array]:
@@ -241,11 +318,16 @@ def poison_nonfinite(loss, grads):
   return jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
 
 
-def _as_varying(tree):
-  """Every leaf typed varying over AXIS (already varying leaves as they are)."""
-  return jax.tree.map(
-    lambda x: x if _varying(x) else jax.lax.pcast(x, AXIS, to="varying"), tree
-  )
+def _as_varying(tree, axis):
+  """Every leaf typed varying over every axis of ``axis`` (as it is where it already is)."""
+
+  def one(x):
+    missing = tuple(a for a in _axes(axis) if a not in branches.varying_axes(x))
+    if not missing:
+      return x
+    return jax.lax.pcast(x, missing[0] if len(missing) == 1 else missing, to="varying")
+
+  return jax.tree.map(one, tree)
 
 
 def _body(
@@ -262,7 +344,7 @@ def _body(
   factors=None,
   criterion: Callable = cross_entropy,
 ):
-  """One worker's step; with ``probe``, records which new state is varying.
+  """One worker's step; with ``probe``, records which axes the new state varies over.
 
   ``independent``: whether workers' params differ (default: the layout's
   ``params_per_worker``; pmap, whose layout has no worker axes, passes it).
@@ -276,14 +358,20 @@ def _body(
   x, y, *weights = batch
   w = weights[0] if weights else None
   active = None if w is None else jnp.sum(w) > 0
-  per_worker = layout.per_worker
-  opt_state = _drop(opt_state, per_worker)
+  axis, rows = layout.axis, layout.rows()
+  opt_state = _drop(opt_state, rows)
   if layout.params_per_worker:
     params, model_state = gradcomp.drop_worker_axis((params, model_state))
+  # What tx updates: the params, or under FSDP this device's shards of them,
+  # all-gathered for the forward and backward passes.
+  owned = params
+  if layout.fsdp is not None:
+    owned = jax.tree.map(lambda x: x[0], params)
+    params = layout.fsdp.gather(owned)
   # Differentiate a per-worker copy: the gradient of replicated params comes
   # back already summed over workers (psum is pvary's transpose).
-  local = _as_varying(params)
-  local_state = _as_varying(model_state)
+  local = _as_varying(params, axis)
+  local_state = _as_varying(model_state, axis)
   loss_of = functools.partial(loss_fn, model, train=True, criterion=criterion)
   if factors is None:
     grad_fn = jax.value_and_grad(loss_of, has_aux=True)
@@ -294,13 +382,13 @@ def _body(
       loss_of, local, local_state, x, y
     )
   extra = {} if active is None else {"active": active}
-  updates, new_opt_state = tx.update(sent, opt_state, params, **extra)
-  new_params = optax.apply_updates(params, updates)
+  updates, new_opt_state = tx.update(sent, opt_state, owned, **extra)
+  new_params = optax.apply_updates(owned, updates)
   if probe is not None:
     probe.append(
       (
-        jax.tree.map(_varying, new_opt_state),
-        any(_varying(p) for p in jax.tree.leaves(new_params)),
+        jax.tree.map(lambda x: _varying(x, axis), new_opt_state),
+        frozenset().union(*(_varying(p, axis) for p in jax.tree.leaves(new_params))),
       )
     )
   skipped = ~new_opt_state.last_finite  # Agreed by every worker.
@@ -309,7 +397,7 @@ def _body(
   # BN); a scheme's workers keep their own, as they keep their params. Both
   # are kept when the step is skipped.
   if not independent:
-    new_model_state = jax.lax.pmean(new_model_state, AXIS)
+    new_model_state = jax.lax.pmean(new_model_state, axis)
   new_model_state = jax.tree.map(
     lambda new, old: jnp.where(applied, new, old), new_model_state, model_state
   )
@@ -322,8 +410,13 @@ def _body(
     logged.append(optax.tree.norm(updates, squared=True))
   if active is not None:
     logged.append(trained)
-  means = jax.lax.pmean(jnp.stack(logged), AXIS)
-  update_sq = means[3] if independent else optax.tree.norm(updates, squared=True)
+  means = jax.lax.pmean(jnp.stack(logged), axis)
+  if independent:
+    update_sq = means[3]
+  else:
+    update_sq = optax.tree.norm(updates, squared=True)
+    if layout.fsdp is not None:  # This device's shards: the norm is their sum.
+      update_sq = jax.lax.psum(update_sq, layout.fsdp.axis)
   share = 1.0 if active is None else jnp.maximum(means[-1], 1e-30)
   metrics = {
     "loss": means[0] / share,
@@ -338,7 +431,9 @@ def _body(
     new_params, new_model_state = gradcomp.add_worker_axis(
       (new_params, new_model_state)
     )
-  return new_params, new_model_state, _add(new_opt_state, per_worker), metrics
+  if layout.fsdp is not None:
+    new_params = jax.tree.map(lambda x: x[None], new_params)
+  return new_params, new_model_state, _add(new_opt_state, rows), metrics
 
 
 def infer_layout(
@@ -352,6 +447,7 @@ def infer_layout(
   factors=None,
   *,
   criterion: Callable = cross_entropy,
+  fsdp: mesh_lib.ShardedParams | None = None,
 ) -> Layout:
   """The layout whose per-worker leaves are exactly those typed varying.
 
@@ -359,7 +455,10 @@ def infer_layout(
   leaves, starting from none, and adds every leaf that comes out varying until
   nothing changes (a leaf can turn varying only because another one did).
   Params come out varying under a scheme whose workers' params differ
-  (DESIGN §5): then params and model state are per worker too.
+  (DESIGN §5): then params and model state are per worker too. With
+  ``fsdp``, a leaf varying over ``fsdp.axis`` alone is sharded like the
+  params (``Layout.sharded``) and one varying over any other worker axis
+  is per worker (the order replicated, sharded, per worker only grows).
 
   Args:
     model: the flax module.
@@ -371,11 +470,15 @@ def infer_layout(
     batch: one global batch (arrays or ``jax.ShapeDtypeStruct``).
     factors: as for ``make_train_step``.
     criterion: the workload's, as for ``loss_fn``.
+    fsdp: the params' shards (a mesh with an ``"fsdp"`` axis), or ``None``.
   """
+  axis = worker_axis(mesh)
+  fast = frozenset() if fsdp is None else frozenset({fsdp.axis})
   per_worker = jax.tree.map(lambda _: False, opt_state)
+  sharded = None if fsdp is None else per_worker
   params_per_worker = False
-  for _ in range(len(jax.tree.leaves(opt_state)) + 2):
-    layout = Layout(mesh, per_worker, params_per_worker)
+  for _ in range(2 * len(jax.tree.leaves(opt_state)) + 2):
+    layout = Layout(mesh, per_worker, params_per_worker, fsdp, sharded)
     found = []
 
     def probe(params, model_state, opt_state, batch, layout=layout, found=found):
@@ -401,32 +504,42 @@ def infer_layout(
     )
     full = lambda spec: NamedSharding(mesh, spec)
     global_params, global_model_state = jax.eval_shape(
-      lambda: layout.params_to_global((params, model_state))
+      lambda: layout.global_params(params, model_state)
     )
+    spec_of_state = layout.model_state_spec
     args = (
       abstract(global_params, jax.tree.map(lambda _: full(layout.params), params)),
       abstract(
-        global_model_state, jax.tree.map(lambda _: full(layout.params), model_state)
+        global_model_state, jax.tree.map(lambda _: full(spec_of_state), model_state)
       ),
       abstract(jax.eval_shape(lambda: state), layout.shardings(layout.opt_specs())),
-      abstract(batch, jax.tree.map(lambda _: full(P(AXIS)), batch)),
+      abstract(batch, jax.tree.map(lambda _: full(P(axis)), batch)),
     )
     jax.eval_shape(
       jax.shard_map(
         probe,
         mesh=mesh,
-        in_specs=(layout.params, layout.params, layout.opt_specs(), P(AXIS)),
+        in_specs=(layout.params, spec_of_state, layout.opt_specs(), P(axis)),
         out_specs=P(),
       ),
       *args,
     )
     found_opt, found_params = found[0]
-    grown = jax.tree.map(lambda a, b: a or b, per_worker, found_opt)
-    grown_params = params_per_worker or found_params
-    if grown == per_worker and grown_params == params_per_worker:
+    grown = jax.tree.map(lambda w, f: w or bool(f - fast), per_worker, found_opt)
+    grown_sharded = sharded
+    if sharded is not None:
+      grown_sharded = jax.tree.map(
+        lambda s, w, f: (s or bool(f & fast)) and not w, sharded, grown, found_opt
+      )
+    grown_params = params_per_worker or bool(found_params - fast)
+    if (grown, grown_sharded, grown_params) == (
+      per_worker,
+      sharded,
+      params_per_worker,
+    ):
       return layout
-    per_worker, params_per_worker = grown, grown_params
-  raise AssertionError("unreachable: the per-worker set grows at most once per leaf")
+    per_worker, sharded, params_per_worker = grown, grown_sharded, grown_params
+  raise AssertionError("unreachable: a leaf's kind grows at most twice")
 
 
 def check_variant(variant: str) -> None:
@@ -484,12 +597,13 @@ def make_train_step(
       donate_argnums=(0, 1, 2),
     )
   opt_specs = layout.opt_specs()
+  state = (layout.params, layout.model_state_spec, opt_specs)
   return jax.jit(
     jax.shard_map(
       functools.partial(_body, model, tx, layout, factors=factors, criterion=criterion),
       mesh=layout.mesh,
-      in_specs=(layout.params, layout.params, opt_specs, P(AXIS)),
-      out_specs=(layout.params, layout.params, opt_specs, P()),
+      in_specs=(*state, P(layout.axis)),
+      out_specs=(*state, P()),
     ),
     donate_argnums=(0, 1, 2),
   )
@@ -517,10 +631,13 @@ def make_eval_step(
   laid out for ``variant`` as in ``make_train_step``.
   """
   check_variant(variant)
+  axis = layout.axis
 
   def evaluate(params, model_state, x, y, w):
+    if layout.fsdp is not None:  # This device's shards, all-gathered.
+      params = layout.fsdp.gather(jax.tree.map(lambda p: p[0], params))
     sums = _eval_sums(model, params, model_state, x, y, w, criterion)
-    return jax.lax.psum(sums, AXIS)
+    return jax.lax.psum(sums, axis)
 
   if variant == "pmap":
     return _pmap(evaluate, layout, out_axes=None)
@@ -528,7 +645,7 @@ def make_eval_step(
     jax.shard_map(
       evaluate,
       mesh=layout.mesh,
-      in_specs=(layout.params, layout.params, P(AXIS), P(AXIS), P(AXIS)),
+      in_specs=(layout.params, layout.model_state_spec, *[P(axis)] * 3),
       out_specs=P(),
     )
   )
@@ -595,9 +712,10 @@ def consensus_distance(params) -> jax.Array:
 def shard_batch(mesh: Mesh, local: tuple[np.ndarray, ...], variant: str = "shard_map"):
   """This process's rows of a global batch, as ``variant``'s step takes them.
 
-  ``"shard_map"``: arrays sharded over ``AXIS``. ``"pmap"``: host-local arrays
-  ``[local devices, rows per device, ...]``, split in the same order, so
-  worker ``i`` gets the same rows under either variant.
+  ``"shard_map"``: arrays sharded over every mesh axis (:func:`worker_axis`).
+  ``"pmap"``: host-local arrays ``[local devices, rows per device, ...]``,
+  split in the same order, so worker ``i`` gets the same rows under either
+  variant.
   """
   if variant == "pmap":
     n = mesh.local_mesh.size
@@ -605,7 +723,7 @@ def shard_batch(mesh: Mesh, local: tuple[np.ndarray, ...], variant: str = "shard
     return tuple(
       jax.device_put(np.reshape(a, (n, -1, *np.shape(a)[1:])), sharding) for a in local
     )
-  sharding = NamedSharding(mesh, P(AXIS))
+  sharding = NamedSharding(mesh, P(worker_axis(mesh)))
   return tuple(jax.make_array_from_process_local_data(sharding, a) for a in local)
 
 
@@ -619,7 +737,7 @@ def example_batch(mesh: Mesh, batch_like, variant: str = "shard_map"):
     count = jax.process_count()
     local = [np.zeros((b.shape[0] // count, *b.shape[1:]), b.dtype) for b in batch_like]
     return shard_batch(mesh, tuple(local), variant)
-  sharded = NamedSharding(mesh, P(AXIS))
+  sharded = NamedSharding(mesh, P(worker_axis(mesh)))
   return tuple(
     jax.ShapeDtypeStruct(b.shape, b.dtype, sharding=sharded) for b in batch_like
   )

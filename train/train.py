@@ -12,6 +12,7 @@ evaluating every ``eval_every_steps`` and checkpointing every
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -26,7 +27,8 @@ from jax.sharding import PartitionSpec as P
 import gradcomp
 from gradcomp.parallel import wire
 from train import checkpoint as checkpoint_lib
-from train import elastic, logs, pricing, schemes
+from train import logs, pricing, reshard, schemes
+from train import mesh as mesh_lib
 from train import optimizer as optimizer_lib
 from train import step as step_lib
 from train import workload as workload_lib
@@ -89,6 +91,14 @@ def validate(config):
   config = schemes.get(config).resolve(config)
   step_lib.check_variant(_variant(config))
   workers = optimizer_lib.num_workers(config)
+  spec = optimizer_lib.mesh_spec(config)
+  mesh_lib.check_program(
+    spec,
+    scheme=optimizer_lib.scheme_name(config),
+    step=_variant(config),
+    self_exchanging=optimizer_lib.exchanges_itself(config.optimizer),
+    factors=bool(config.get("sufficient_factors")),
+  )
   batch = config.global_batch_size
   if batch % workers:
     raise ValueError(
@@ -110,7 +120,7 @@ def validate(config):
       f"{', '.join(FUSION_PLANS)}"
     )
   workload_lib.check(config)
-  optimizer_lib.compressor(config.compressor, step_lib.AXIS)  # Its factory's checks.
+  optimizer_lib.compressor(config.compressor, spec.exchange_axis)  # Its checks.
   return config
 
 
@@ -144,7 +154,12 @@ def _saved_plan(workdir: Path) -> gradcomp.Plan | None:
 
 
 def _build(config, work, scheme, mesh, workdir: Path) -> Program:
-  """Initial params, the scheme's optimizer and plan, the layout, the step, the state."""
+  """Initial params, the scheme's optimizer and plan, the layout, the step, the state.
+
+  On an FSDP mesh the params are placed as shards and the optimizer is
+  built for them (``train/mesh.py``).
+  """
+  spec = optimizer_lib.mesh_spec(config)
   model, ds = work.model, work.dataset
   batch_like = scheme.batch_like(work.batch_like(config.global_batch_size))
   rng = jax.random.PRNGKey(config.seed)  # Raw uint32[2]: checkpointable as is.
@@ -162,8 +177,11 @@ def _build(config, work, scheme, mesh, workdir: Path) -> Program:
   flops = pricing.flops_per_step(model, ds, config.global_batch_size // mesh.size)
   num_steps = scheme.prepare(params, flops)
   mask = None if factors is None else factors.mask
-  tx, plan = scheme.optimizer(order, sizes, _saved_plan(workdir), num_steps, mask)
-  opt_state = tx.init(params)
+  like = jax.eval_shape(lambda: params)
+  tx, plan = scheme.optimizer(order, sizes, _saved_plan(workdir), num_steps, mask, like)
+  # gradcomp.hierarchical's state is shaped by its fast axis, read from the mesh.
+  with jax.set_mesh(mesh) if spec.hierarchical else contextlib.nullcontext():
+    opt_state = tx.init(params)
   layout = step_lib.infer_layout(
     model,
     tx,
@@ -174,9 +192,10 @@ def _build(config, work, scheme, mesh, workdir: Path) -> Program:
     batch_like,
     factors,
     criterion=work.criterion,
+    fsdp=spec.sharded_params(like),
   )
   params, model_state, opt_state = layout.place(
-    *layout.params_to_global((params, model_state)), layout.to_global(opt_state)
+    *layout.global_params(params, model_state), layout.to_global(opt_state)
   )
   replicated = NamedSharding(mesh, P())
   state = {
@@ -274,7 +293,8 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   config = validate(config)
   lead, variant = jax.process_index() == 0, _variant(config)
   workers = optimizer_lib.num_workers(config)
-  mesh = jax.make_mesh((workers,), (step_lib.AXIS,), devices=jax.devices()[:workers])
+  spec = optimizer_lib.mesh_spec(config)
+  mesh = spec.make(jax.devices()[:workers])
   work = workload_lib.create(config)
   scheme = schemes.get(config)(config, work, mesh, variant)
   scheme.check()
@@ -282,12 +302,18 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   layout, num_steps = program.layout, program.num_steps
 
   checkpoints = checkpoint_lib.Checkpointer(
-    workdir / CHECKPOINT_DIR, config.checkpoints_to_keep, workers=mesh.size
+    workdir / CHECKPOINT_DIR,
+    config.checkpoints_to_keep,
+    workers=mesh.size,
+    mesh=spec.record(),
   )
   state, moved = program.state, None
   if (latest := checkpoints.latest_step()) is not None:
-    # Moved to this run's workers if saved on another number (DESIGN §9).
-    state, moved = elastic.restore(checkpoints, latest, state, layout, scheme)
+    # Moved to this run's workers if saved on another number (DESIGN §9), or
+    # re-laid out if saved on another mesh shape (DESIGN §7).
+    state, moved = reshard.restore(
+      checkpoints, latest, state, layout, scheme, spec, program.plan
+    )
   start = int(state["step"])
   scheme.restore(state, layout)
   if lead:
@@ -312,8 +338,8 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   progress = logs.Progress(num_steps, enabled=lead)
   _announce(progress, config, work, scheme, mesh, priced, start)
   if moved is not None:
-    writer.write(start, elastic=moved)
-    progress.message(elastic.describe(moved))
+    writer.write(start, **{reshard.log_key(moved): moved})
+    progress.message(reshard.describe(moved))
   record = StepLog(
     config,
     work,

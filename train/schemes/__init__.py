@@ -62,13 +62,16 @@ def get(config) -> type[Scheme]:
 __all__ = ["REGISTRY", "Scheme", "build", "get", "names", "register"]
 
 
-def build(config, order, total_steps: int, sizes=None, saved_plan=None, mask=None):
+def build(
+  config, order, total_steps: int, sizes=None, saved_plan=None, mask=None, like=None
+):
   """``(tx, plan)`` of ``config`` without a run around it (benchmarks, tests).
 
   For a scheme whose optimizer needs no workload or mesh (synchronous
   training and the schemes without a speed table); see
-  :func:`train.schemes.base.build_optimizer` for the arguments.
+  :func:`train.schemes.base.build_optimizer` for the arguments (``like``,
+  the params' shapes, on an FSDP mesh).
   """
   cls = get(config)
   scheme = cls(cls.resolve(config), None, None, "shard_map")
-  return scheme.optimizer(order, sizes, saved_plan, total_steps, mask)
+  return scheme.optimizer(order, sizes, saved_plan, total_steps, mask, like)

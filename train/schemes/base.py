@@ -39,6 +39,7 @@ import gradcomp
 from gradcomp.compressors import exchange
 from train import data as data_lib
 from train import factors as factors_lib
+from train import mesh as mesh_lib
 from train import optimizer as optimizer_lib
 from train import pricing
 from train import step as step_lib
@@ -184,9 +185,9 @@ class Scheme:
     """
     return scheme_transformation(self, local, fused, self.speeds)
 
-  def optimizer(self, order, sizes, saved_plan, total_steps: int, mask=None):
+  def optimizer(self, order, sizes, saved_plan, total_steps: int, mask=None, like=None):
     """``(tx, plan)``: see :func:`build_optimizer`."""
-    return build_optimizer(self, order, sizes, saved_plan, total_steps, mask)
+    return build_optimizer(self, order, sizes, saved_plan, total_steps, mask, like)
 
   # -- Checkpointed state ---------------------------------------------------
 
@@ -318,8 +319,15 @@ def scheme_transformation(
   return factory(local, axis_name=step_lib.AXIS, **kwargs, **extra)
 
 
-def build_optimizer(scheme: Scheme, order, sizes, saved_plan, total_steps, mask=None):
+def build_optimizer(
+  scheme: Scheme, order, sizes, saved_plan, total_steps, mask=None, like=None
+):
   """The run's optimizer and its fusion plan.
+
+  On the run's mesh (``config.mesh``, ``train/mesh.py``): the compressor
+  averages over every mesh axis, or, with a fast axis (FSDP's ``"fsdp"``,
+  ``config.compressor.hierarchical``), over the others inside
+  ``gradcomp.hierarchical`` (see :func:`synchronous_chain`).
 
   Args:
     scheme: the run's scheme (its config: ``compressor``, ``fusion``,
@@ -333,12 +341,15 @@ def build_optimizer(scheme: Scheme, order, sizes, saved_plan, total_steps, mask=
     mask: ``optax.masked``'s mask of the compressor (with its fusion), or
       ``None``: leaves it maps to ``False`` (kernels whose sufficient factors
       the step exchanges, ``train/factors.py``) skip it, already the mean.
+    like: the params (or ``jax.ShapeDtypeStruct``), needed on an FSDP mesh
+      only, whose optimizer is built for their shards.
 
   Returns:
     ``(tx, plan)``: ``tx``'s state is an ``optax.ApplyIfFiniteState``.
   """
   config = scheme.config
-  inner = optimizer_lib.compressor(config.compressor, step_lib.AXIS)
+  spec = optimizer_lib.mesh_spec(config)
+  inner = optimizer_lib.compressor(config.compressor, spec.exchange_axis)
   cluster = optimizer_lib.cluster_of(config, optimizer_lib.num_workers(config))
   plan = optimizer_lib.fusion_plan(
     config.fusion, order, sizes, inner, saved_plan, cluster
@@ -346,13 +357,38 @@ def build_optimizer(scheme: Scheme, order, sizes, saved_plan, total_steps, mask=
   fused = inner if plan is None else gradcomp.layerfusion(inner, plan)
   if mask is not None:
     fused = optax.masked(fused, mask)
-  parts = scheme.local_optimizer(total_steps)
   if scheme.factory is None:  # Synchronous: the compressor, then the optimizer.
-    tx = optax.chain(fused, *parts)
+    tx = synchronous_chain(scheme, spec, fused, total_steps, like)
   elif config.compressor.name == "none":  # The scheme's own dense exchange.
-    tx = scheme.wrap(optax.chain(*parts), None, None)
+    tx = scheme.wrap(optax.chain(*scheme.local_optimizer(total_steps)), None, None)
   else:
     codec = optimizer_lib.compressor(config.compressor, step_lib.AXIS)
-    tx = scheme.wrap(optax.chain(*parts), fused, codec)
-  tx = gradcomp.apply_if_finite(tx, NEVER_FORCE, axis_name=step_lib.AXIS)
+    tx = scheme.wrap(optax.chain(*scheme.local_optimizer(total_steps)), fused, codec)
+  tx = gradcomp.apply_if_finite(tx, NEVER_FORCE, axis_name=spec.worker_axis)
   return tx, plan
+
+
+def synchronous_chain(
+  scheme: Scheme, spec: mesh_lib.MeshSpec, fused, total_steps: int, like=None
+) -> optax.GradientTransformation:
+  """``chain(exchange, local optimizer)`` on the run's mesh.
+
+  ``data=N`` or ``node=N,local=M``: ``chain(fused, ...)`` (DESIGN §1).
+  ``config.compressor.hierarchical=local``: the exchange is
+  ``hierarchical(fused, "local")`` (``fused`` built over ``"node"``).
+  FSDP (``data=D,fsdp=F``): ``hierarchical(fused, "fsdp", gather=False)``
+  and an optimizer on this device's shards (``train.mesh.sharded_chain``).
+  """
+  if spec.hierarchical is None:
+    return optax.chain(fused, *scheme.local_optimizer(total_steps))
+  exchange = gradcomp.hierarchical(fused, spec.hierarchical, gather=spec.fsdp is None)
+  if spec.fsdp is None:
+    return optax.chain(exchange, *scheme.local_optimizer(total_steps))
+  if like is None:
+    raise ValueError(
+      f"config.mesh={str(spec)!r}: FSDP's optimizer is built for the params' "
+      f"shards; pass like= (the params or their shapes)"
+    )
+  shards = spec.sharded_params(like)
+  parts = optimizer_lib.local_optimizer(scheme.config.optimizer, total_steps, shards)
+  return mesh_lib.sharded_chain(exchange, *parts, shards=shards)

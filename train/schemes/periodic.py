@@ -66,9 +66,9 @@ class LocalSGD(_Rounds):
       cfg.get("fragments") or 1, cfg.get("overlap"), cfg.get("alpha"), cfg.get("eager")
     )
 
-  def optimizer(self, order, sizes, saved_plan, total_steps, mask=None):
+  def optimizer(self, order, sizes, saved_plan, total_steps, mask=None, like=None):
     self.order = order  # The strided fragments follow it.
-    return super().optimizer(order, sizes, saved_plan, total_steps, mask)
+    return super().optimizer(order, sizes, saved_plan, total_steps, mask, like)
 
   def _fragment_tx(self, codec):
     """The compressor of one fragment's subtree (the dense mean without one)."""

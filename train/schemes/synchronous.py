@@ -56,9 +56,9 @@ class Synchronous(Scheme):
     order, sizes = self.factored.restrict(params, order, sizes)
     return order, sizes, self.factored
 
-  def optimizer(self, order, sizes, saved_plan, total_steps, mask=None):
+  def optimizer(self, order, sizes, saved_plan, total_steps, mask=None, like=None):
     if not optimizer_lib.exchanges_itself(self.config.optimizer):
-      return super().optimizer(order, sizes, saved_plan, total_steps, mask)
+      return super().optimizer(order, sizes, saved_plan, total_steps, mask, like)
     parts = optimizer_lib.self_exchanging(
       self.config.optimizer, total_steps, step_lib.AXIS
     )
