@@ -4,6 +4,9 @@
 (gloo collectives): each process feeds its half of every batch, the fusion
 plan is process 0's, both write one Orbax checkpoint, and only process 0 logs.
 Checked against the same config trained here in one process of 8 devices.
+On ``config.mesh=data=2,fsdp=4`` the two processes are two nodes (DESIGN §7):
+the slow axis ``data`` crosses them, each process's 4 devices are one
+``fsdp`` group (``train/mesh.py``).
 """
 
 import os
@@ -135,12 +138,25 @@ CDSGD = {
 # GoSGD: pushes through collective-permutes that cross the processes.
 GOSGD = {"scheme.name": "gosgd", "scheme.p": 0.5, "compressor.name": "none"}
 
+# FSDP, a process per node: params and Adam's moments sharded over the 4
+# devices of each process, top-k across the processes on each device's
+# shard (hierarchical, gather=False), its residuals per device. The
+# reference's one-process mesh is (2, 4) in device order, so any other
+# process layout puts other rows and shards on each device, and fails.
+FSDP = {
+  "mesh": "data=2,fsdp=4",
+  "compressor.name": "topk",
+  "optimizer.name": "adamw",
+  "optimizer.learning_rate": 0.01,
+  "optimizer.clip_norm": 0.5,
+}
+
 
 @pytest.mark.parametrize(
   "scheme",
   # local SGD's per-worker layout is CD-SGD's and GoSGD's too (suite time).
-  [{}, CDSGD, GOSGD],
-  ids=["synchronous", "cdsgd", "gosgd"],
+  [{}, CDSGD, GOSGD, FSDP],
+  ids=["synchronous", "cdsgd", "gosgd", "fsdp"],
 )
 def test_two_processes_train_as_one(tmp_path, scheme):
   if reason := gloo_missing():
