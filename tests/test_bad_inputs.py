@@ -55,6 +55,7 @@ CONFIGS = {
   "fp8": {"format": "e5m2", "block_size": 16, "error_feedback": True},
   "fp4": {"block_size": 16},
   "int_quantize": {"bits": 8, "block_size": 16},
+  "qgz": {"block_size": 16},
 }
 # The reduce-scatter forms of the quantizing codecs (exchange="scatter",
 # compressors/scatter.py), each a case "name:scatter" with the config above;

@@ -32,6 +32,7 @@ CONFIGS = {
   "fp8": {"format": "e4m3", "block_size": 16},
   "fp4": {"block_size": 16, "stochastic": True, "error_feedback": True},
   "int_quantize": {"bits": 4, "block_size": 16},
+  "qgz": {"block_size": 16},
 }
 # The reduce-scatter forms of the quantizing codecs (exchange="scatter",
 # compressors/scatter.py), each a case "name:scatter" with the config above.

@@ -64,7 +64,9 @@ def test_every_registered_compressor_records_its_spec():
 def test_traced_wire_equals_compiled_hlo(name):
   size = 3000
   kwargs = REGISTRY_KWARGS[name]
-  traced = traced_wire(lambda axis: gradcomp.get(name, axis_name=axis, **kwargs), size)
+  traced = traced_wire(
+    lambda axis: gradcomp.get(name, axis_name=axis, **kwargs), size, harness.WORKERS
+  )
   tx = gradcomp.get(name, axis_name=harness.AXIS, **kwargs)
   grads = harness.shard({"x": jnp.zeros((harness.WORKERS, size))})
   state = harness.worker_state(tx, {"x": jax.ShapeDtypeStruct((size,), jnp.float32)})

@@ -314,6 +314,7 @@ SEARCH_COMPRESSORS = {
   "fp8": {},
   "fp4": {},
   "int_quantize": {},
+  "qgz": {},
 }
 
 

@@ -13,6 +13,7 @@ from gradcomp.compressors.intq import int_quantize
 from gradcomp.compressors.lowp import fp4, fp8
 from gradcomp.compressors.onebit import onebit_sgd
 from gradcomp.compressors.powersgd import powersgd
+from gradcomp.compressors.qgz import qgz
 from gradcomp.compressors.quantizers import qsgd, terngrad
 from gradcomp.compressors.randomk import randomk
 from gradcomp.compressors.signs import ef_signsgd, signsgd
@@ -53,7 +54,7 @@ def names() -> tuple[str, ...]:
     >>> import gradcomp
     >>> print(", ".join(gradcomp.names()))  # doctest: +NORMALIZE_WHITESPACE
     dgc, dynamic_fixed_point, ef_signsgd, fixed_point, fp16, fp4, fp8,
-    int_quantize, none, onebit_sgd, powersgd, qsgd, randomk, signsgd,
+    int_quantize, none, onebit_sgd, powersgd, qgz, qsgd, randomk, signsgd,
     sketch_topk, sparse_quantize, terngrad, threshold_quantize, topk
   """
   return tuple(sorted(_REGISTRY))
@@ -111,5 +112,6 @@ for _factory in (
   fp8,
   fp4,
   int_quantize,
+  qgz,
 ):
   register(_factory.__name__, _factory)

@@ -97,6 +97,7 @@ def profile(
   *,
   devices: int = 1,
   repeats: int = 5,
+  workers: int = 2,
   **hyperparameters,
 ) -> Profile:
   """Measures ``Comp(x)`` of a compressor on this backend (paper 000 §4.3, eq. 7).
@@ -118,6 +119,9 @@ def profile(
       use the number of virtual devices that share this host to price a step
       on them.
     repeats: timed calls per size.
+    workers: the workers the wire is traced on (>= 1). A gathered payload's
+      bytes do not depend on them; a reduce-scatter form's (``exchange=
+      "scatter"``, ``qgz``) do: pass the run's worker count.
     **hyperparameters: the factory's arguments when ``compressor`` is a name.
 
   Returns:
@@ -150,6 +154,8 @@ def profile(
     )
   if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
     raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+  if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
   if isinstance(compressor, str):
     tx = registry.get(compressor, **hyperparameters)
   elif hyperparameters:
@@ -169,7 +175,7 @@ def profile(
   wire_bytes = {k: [] for k in KINDS}
   wire_messages = {k: [] for k in KINDS}
   for size in sizes:
-    traced = traced_wire(lambda axis: spec.build(axis_name=axis), size)
+    traced = traced_wire(lambda axis: spec.build(axis_name=axis), size, workers)
     for k in KINDS:
       b, m = traced.get(k, (0, 0))
       wire_bytes[k].append(b)

@@ -150,16 +150,18 @@ def traced_collectives(tx, tree, axis_name: str, workers: int):
   return {k: (b, m) for k, (b, m) in totals.items() if m}
 
 
-def traced_wire(tx_for_axis, size: int) -> dict[str, tuple[int, int]]:
+def traced_wire(
+  tx_for_axis, size: int, workers: int = _TRACE_WORKERS
+) -> dict[str, tuple[int, int]]:
   """:func:`traced_collectives` of one float32 buffer of ``size`` values.
 
   ``tx_for_axis(axis_name)`` builds the compressor exchanging over
-  ``axis_name``; it is traced on two workers.
+  ``axis_name``; it is traced on ``workers`` workers. A gathered payload's
+  bytes do not depend on them; a reduce-scatter form's chunks (and qgZ's)
+  do, so price those on the run's worker count.
   """
   leaf = jax.ShapeDtypeStruct((size,), jnp.float32)
-  return traced_collectives(
-    tx_for_axis(_TRACE_AXIS), (leaf,), _TRACE_AXIS, _TRACE_WORKERS
-  )
+  return traced_collectives(tx_for_axis(_TRACE_AXIS), (leaf,), _TRACE_AXIS, workers)
 
 
 def _taint(jaxpr, tainted: list[bool], found: list[tuple[str, bool]]) -> list[bool]:
