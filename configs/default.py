@@ -42,6 +42,18 @@ every k=2 steps, after 50 synchronous warm-up steps:
 
 ``metrics.jsonl`` then also carries ``sim_seconds`` (the simulated clock of
 ``config.cluster``) and, for a scheme, ``consensus_distance``.
+
+Meshes with several axes (``config.mesh``, DESIGN §7, ``train/mesh.py``):
+FSDP, params and optimizer state sharded over 4 devices and top-k across
+the 2 groups on each device's shard; or hierarchical compression, a dense
+reduce-scatter inside each "node" of 4 and top-k between the 2 nodes:
+
+  python -m train --config configs/default.py --workdir /tmp/wd_fsdp \
+    --config.mesh=data=2,fsdp=4 --config.compressor.name=topk \
+    --config.compressor.ratio=0.01
+  python -m train --config configs/default.py --workdir /tmp/wd_nodes \
+    --config.mesh=node=2,local=4 --config.compressor.hierarchical=local \
+    --config.compressor.name=topk --config.compressor.ratio=0.01
 """
 
 import ml_collections

@@ -19,7 +19,7 @@ import pytest
 
 import gradcomp
 from configs import default
-from train import logs, reshard, train
+from train import logs, reshard, schemes, train
 from train import mesh as mesh_lib
 
 import harness
@@ -264,7 +264,7 @@ def test_bad_mesh_is_a_clear_error(tmp_path, overrides, message):
 def test_fsdp_exchange_is_hierarchical_gather_false():
   """The synchronous optimizer on an FSDP mesh: hierarchical over fsdp, shards out."""
   like = {"w": jax.ShapeDtypeStruct((10,), np.float32)}
-  tx, _ = train.schemes.build(config(FSDP), [0], 1, [10], like=like)
+  tx, _ = schemes.build(config(FSDP), [0], 1, [10], like=like)
   with jax.set_mesh(jax.make_mesh((2, F), ("data", "fsdp"))):
     state = tx.init({"w": np.zeros(10, np.float32)})
   exchange, *_ = state.inner_state
