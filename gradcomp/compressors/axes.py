@@ -144,13 +144,18 @@ def check_params(params, axis_name: exchange.AxisName, *, strict: bool = True) -
 
 
 def checked(
-  tx: optax.GradientTransformation, axis_name: exchange.AxisName
+  tx: optax.GradientTransformation,
+  axis_name: exchange.AxisName,
+  *,
+  strict: bool = True,
 ) -> optax.GradientTransformation:
   """``tx`` with :func:`check_params` run in ``init`` and (params given) ``update``.
 
   The check is static Python on the types, run once per trace; ``tx`` is
   returned unchanged when ``axis_name`` names no mesh axis. The result's
-  axes are filed for :func:`group_of`.
+  axes are filed for :func:`group_of`. ``strict=False`` applies ``init``'s
+  weaker rule in ``update`` too (only shards of a partition are refused):
+  for the optimizers, which may be given each worker's own params.
   """
   if not group_axes(axis_name):
     return tx
@@ -160,7 +165,7 @@ def checked(
     return tx.init(params)
 
   def update_fn(updates, state, params=None):
-    check_params(params, axis_name)
+    check_params(params, axis_name, strict=strict)
     return tx.update(updates, state, params)
 
   return record(optax.GradientTransformation(init_fn, update_fn), axis_name)

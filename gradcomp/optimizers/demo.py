@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradcomp.compressors import checks, exchange
+from gradcomp.compressors import axes, checks, exchange
 from gradcomp.kernels import numerics
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -325,7 +325,7 @@ def demo(
   weight_decay = float(weight_decay)
 
   def init_fn(params):
-    delta = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params)
+    delta = jax.tree.map(lambda p: jnp.zeros_like(p, jnp.float32), params)
     return DeMoState(count=jnp.zeros([], jnp.int32), delta=delta)
 
   def gathered_mean(positions, values, tile):
@@ -377,4 +377,8 @@ def demo(
     new_updates, delta = jax.tree.transpose(outer, jax.tree.structure((0, 0)), pairs)
     return new_updates, DeMoState(optax.safe_increment(state.count), delta)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  # Its axes filed so hierarchical() can take it as its inner (DESIGN §7);
+  # params that are shards of a partition across axis_name are refused.
+  return axes.checked(
+    optax.GradientTransformation(init_fn, update_fn), axis_name, strict=False
+  )

@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp.compressors import exchange, scatter
+from gradcomp.compressors import axes, exchange, scatter
 from gradcomp.parallel import branches
 
 
@@ -170,7 +170,8 @@ def onebit_adam(
   rate = optax.scale_by_learning_rate(learning_rate)
 
   def init_fn(params):
-    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    # Zeros like the params (their sharding kept; shapes alone will do).
+    f32 = lambda x: jnp.zeros_like(x, jnp.float32)
     size = sum(x.size for x in jax.tree.leaves(params))
     return OneBitAdamState(
       adam=adamw.init(jax.tree.map(f32, params)),
@@ -229,4 +230,8 @@ def onebit_adam(
     updates = jax.tree.map(lambda u, p: u.astype(jnp.asarray(p).dtype), updates, params)
     return updates, exchange.vary_like(new_state, state)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  # Its axes filed so hierarchical() can take it as its inner (DESIGN §7);
+  # params that are shards of a partition across axis_name are refused.
+  return axes.checked(
+    optax.GradientTransformation(init_fn, update_fn), axis_name, strict=False
+  )

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp.compressors import exchange, scatter
+from gradcomp.compressors import axes, exchange, scatter
 from gradcomp.optimizers.onebit_adam import _flat, _unflat, check_adam
 from gradcomp.parallel import branches
 
@@ -198,7 +198,7 @@ def zero_one_adam(
     return jnp.asarray(lr, jnp.float32)
 
   def init_fn(params):
-    zeros = lambda: jax.tree.map(lambda x: jnp.zeros(jnp.shape(x), jnp.float32), params)
+    zeros = lambda: jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), params)
     size = sum(x.size for x in jax.tree.leaves(params))
     # A fresh array per counter: a training step donates its state, and one
     # buffer donated twice is an error.
@@ -357,4 +357,8 @@ def zero_one_adam(
     updates = jax.tree.map(lambda u, p: u.astype(jnp.asarray(p).dtype), updates, params)
     return updates, exchange.vary_like(new_state, state)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  # Its axes filed so hierarchical() can take it as its inner (DESIGN §7);
+  # params that are shards of a partition across axis_name are refused.
+  return axes.checked(
+    optax.GradientTransformation(init_fn, update_fn), axis_name, strict=False
+  )
