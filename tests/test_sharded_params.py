@@ -120,3 +120,27 @@ def test_init_on_abstract_params_shards_the_state_like_the_params(name):
   like_w = [x for x in jax.tree.leaves(state) if x.shape == (4 * BLOCK,)]
   for x in like_w:
     assert x.sharding.spec == P("model"), (name, x)
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda: gradcomp.onebit_adam(1e-3, freeze_step=10, axis_name="data"),
+    lambda: gradcomp.zero_one_adam(1e-3, axis_name="data"),
+    lambda: gradcomp.demo(1e-3, axis_name="data"),
+  ],
+  ids=["onebit_adam", "zero_one_adam", "demo"],
+)
+def test_the_adaptive_optimizers_moments_are_sharded_like_the_params(make):
+  """Their momentum / variance / DeMo's delta; 1-bit Adam's flat error
+  buffers concatenate every leaf and are not param-shaped."""
+  params = {
+    "w": jax.ShapeDtypeStruct(
+      (4 * BLOCK,), jnp.float32, sharding=NamedSharding(MESH, P("model"))
+    ),
+    "b": jax.ShapeDtypeStruct((3,), jnp.float32, sharding=NamedSharding(MESH, P())),
+  }
+  with jax.set_mesh(MESH):
+    state = jax.eval_shape(make().init, params)
+  like_w = [x for x in jax.tree.leaves(state) if x.shape == (4 * BLOCK,)]
+  assert like_w and all(x.sharding.spec == P("model") for x in like_w)
