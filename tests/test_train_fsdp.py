@@ -11,7 +11,10 @@ continues the same trajectory. Bad ``config.mesh`` values are one-line
 """
 
 import math
+import re
 import shutil
+from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -292,3 +295,49 @@ def test_node_local_hierarchical_keeps_the_shards_residual(tmp_path):
   assert per_device_bytes(residual) == 4 * sum(math.ceil(d / F) for d in sizes)
   rows = [r for r in logs.read_metrics(tmp_path / logs.METRICS_FILE) if "loss" in r]
   assert np.isfinite(rows[-1]["loss"]) and result.eval_metrics["eval_accuracy"] > 0.1
+
+
+class Odd(NamedTuple):
+  """A state of no kind train/reshard.py knows."""
+
+  memory: Any
+
+
+@pytest.mark.parametrize(
+  ("memory", "saved", "per_worker", "message"),
+  [
+    ((8, 3), (8, 3), True, r"a per-worker leaf of no known kind"),
+    ((3,), (5,), False, r"shaped \(5,\) when saved and \(3,\) here"),
+  ],
+)
+def test_a_leaf_no_rule_moves_is_a_clear_error(memory, saved, per_worker, message):
+  zeros = lambda shape, dtype=np.float32: np.zeros(shape, dtype)
+  like = {
+    "params": {"w": zeros((4, F))},
+    "model_state": {},
+    "opt_state": Odd(zeros(memory)),
+    "step": zeros((), np.int32),
+    "rng": zeros((2,), np.uint32),
+  }
+  arrays = {
+    "params.w": zeros((4, F)),
+    "opt_state.memory": zeros(saved),
+    "step": like["step"],
+    "rng": like["rng"],
+  }
+  layout = SimpleNamespace(fsdp=None, per_worker=Odd(per_worker), sharded=None)
+  saved_spec, spec = mesh_lib.parse("node=2,local=4", 8), mesh_lib.parse(None, 8)
+  path = re.escape("no rule for state['opt_state'].memory (")
+  with pytest.raises(ValueError, match=rf"node=2,local=4.*data=8.*{path}{message}"):
+    reshard.move(arrays, like, layout, saved_spec, spec, None)
+
+
+def test_another_mesh_and_worker_count_is_a_clear_error():
+  checkpoints = SimpleNamespace(
+    saved_mesh=lambda step: {"mesh": FSDP, "hierarchical": "fsdp"},
+    saved=lambda step: (8, {}),
+  )
+  with pytest.raises(ValueError, match=r"saved on config.mesh='data=2,fsdp=4' \(8"):
+    reshard.restore(
+      checkpoints, 4, {}, None, None, mesh_lib.parse("data=2,fsdp=2", 4), None
+    )
