@@ -10,6 +10,7 @@ continues the same trajectory. Bad ``config.mesh`` values are one-line
 ``ValueError``\\ s naming the field.
 """
 
+import json
 import math
 import re
 import shutil
@@ -22,7 +23,7 @@ import pytest
 
 import gradcomp
 from configs import default
-from train import logs, reshard, schemes, train
+from train import logs, optimizer, reshard, schemes, train
 from train import mesh as mesh_lib
 
 import harness
@@ -295,6 +296,21 @@ def test_node_local_hierarchical_keeps_the_shards_residual(tmp_path):
   assert per_device_bytes(residual) == 4 * sum(math.ceil(d / F) for d in sizes)
   rows = [r for r in logs.read_metrics(tmp_path / logs.METRICS_FILE) if "loss" in r]
   assert np.isfinite(rows[-1]["loss"]) and result.eval_metrics["eval_accuracy"] > 0.1
+  # Two link classes: the node's collectives on the intra-node link, the rest
+  # on the cluster's; every step a barrier of compute plus that exchange.
+  sim = json.loads((tmp_path / train.SIM_FILE).read_text())
+  by_axes, comm = sim["wire_by_axes"], sim["step_comm_seconds"]
+  assert sim["fast_axes"] == ["local"] and {"local", "node"} <= set(by_axes)
+  cluster = optimizer.cluster_of(config("node=2,local=4"), 8)
+  slow = 8 / (cluster.bandwidth_gbps * 1e9)
+  fast = 8 / (cluster.intra_bandwidth_gbps * 1e9)
+  local = by_axes["local"]["link"]
+  rest = sum(v["link"] for k, v in by_axes.items() if k != "local")
+  assert local > 0 and local * fast + rest * slow <= comm
+  assert comm < sim["step_comm_seconds_one_link"]
+  compute = sim["flops_per_step"] / cluster.flops_per_second
+  for r in rows:
+    assert r["sim_seconds"] == pytest.approx(r["step"] * (compute + comm), rel=1e-9)
 
 
 class Odd(NamedTuple):

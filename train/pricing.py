@@ -298,6 +298,41 @@ def price_rounds(
   return Priced(per_step, round_wire_, seconds, {}, peak)
 
 
+def price_axis_steps(config, mesh, flops, records, fast_axes, num_steps) -> Priced:
+  """Synchronous steps on a mesh with a fast axis and a slow one (DESIGN §7).
+
+  Every step is a barrier and the step's own collectives, each priced on its
+  link class (``Cluster.axis_seconds``): the described cluster's intra-node
+  link (``config.cluster.intra_bandwidth_gbps`` / ``intra_latency_us``) for
+  those over ``fast_axes`` only, its own link for the rest. ``records``:
+  the compiled step's ``gradcomp.parallel.wire.collectives`` on ``mesh``.
+  ``sim.json`` gets the bytes per mesh axis.
+  """
+  cluster = cluster_of(config, mesh.size)
+  comm = cluster.axis_seconds(records, fast_axes=fast_axes)
+  clock = gradcomp.sim.SimClock(cluster, flops)
+  seconds = np.zeros(num_steps + 1)
+  for step in range(1, num_steps + 1):
+    seconds[step] = clock.step(step, barrier=True, exchange_seconds=comm)
+  per_kind: dict[str, int] = {}
+  for r in records:
+    per_kind[r.kind] = per_kind.get(r.kind, 0) + r.operand_bytes
+  per_step = sum(per_kind.values())
+  by_axes = {
+    "+".join(axes) if axes else "unlabelled": totals
+    for axes, totals in wire.bytes_by_axes(records).items()
+  }
+  fields = {
+    "wire_by_axes": by_axes,
+    "fast_axes": list(fast_axes),
+    "step_comm_seconds": comm,
+    # The same collectives all on the cluster's own link: what the fast
+    # axis saves.
+    "step_comm_seconds_one_link": cluster.axis_seconds(records, fast_axes=()),
+  }
+  return Priced(per_step, per_kind, seconds, fields, per_step)
+
+
 def self_exchange_rounds(d: int, n: int) -> dict[str, dict[str, int]]:
   """``{kind: {collective: bytes}}`` of 1-bit and 0/1 Adam's rounds on ``d`` values.
 

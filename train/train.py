@@ -222,7 +222,9 @@ def _price(program: Program, scheme, train_step, placed, workdir: Path, lead: bo
   layout = program.layout
   example = step_lib.example_batch(layout.mesh, program.batch_like, scheme.variant)
   compiled = train_step.lower(*placed, example).compile()
-  step_wire = wire.collective_bytes(compiled.as_text())
+  text = compiled.as_text()
+  step_wire = wire.collective_bytes(text)
+  scheme.step_records = wire.collectives(text, layout.mesh)
   priced = scheme.price(
     program.plan,
     program.state["params"],

@@ -97,6 +97,9 @@ class Scheme:
     self.mesh = mesh
     self.variant = variant
     self.speeds = None  # Set by :meth:`prepare` for the timed schemes.
+    # The compiled step's collectives with their mesh axes
+    # (``wire.collectives``), set by the program before :meth:`price`.
+    self.step_records = None
 
   # -- Validation, before anything is traced ------------------------------
 
@@ -223,7 +226,16 @@ class Scheme:
   # -- Wire and clock -------------------------------------------------------
 
   def price(self, plan, params, step_wire, num_steps: int, flops: float):
-    """``pricing.Priced``: every step is an exchange round behind a barrier."""
+    """``pricing.Priced``: every step is an exchange round behind a barrier.
+
+    On a mesh with a fast axis (``fsdp``, ``local``) each collective is
+    priced on its own link class (``pricing.price_axis_steps``).
+    """
+    fast = mesh_lib.FAST.get(tuple(self.mesh.axis_names))
+    if fast is not None and self.step_records is not None:
+      return pricing.price_axis_steps(
+        self.config, self.mesh, flops, self.step_records, (fast,), num_steps
+      )
     return pricing.price_rounds(
       self.config, self.mesh, flops, step_wire, num_steps, lambda step: True, None
     )
