@@ -224,7 +224,11 @@ def _put_view(tree, fragment, view):
     return _put(tree, fragment, view)
   leaves, treedef = jax.tree.flatten(tree)
   for (i, a, b), x in zip(fragment, view, strict=True):
-    leaves[i] = leaves[i].reshape(-1).at[a:b].set(x).reshape(leaves[i].shape)
+    # Concatenated, not ``.at[a:b].set``: XLA:CPU crashed (SIGSEGV, cold
+    # compile only) on that in-place update inside the step's lax.switch.
+    flat = leaves[i].reshape(-1)
+    flat = jnp.concatenate([flat[:a], x.astype(flat.dtype), flat[b:]])
+    leaves[i] = flat.reshape(leaves[i].shape)
   return treedef.unflatten(leaves)
 
 
