@@ -139,7 +139,7 @@ def profile(
     >>> import gradcomp
     >>> p = gradcomp.fusion.profile("signsgd", (64,), repeats=1)
     >>> p.compressor, p.sizes, len(p.seconds), len(p.fused_seconds)
-    ('signsgd()', (64,), 1, 1)
+    ("signsgd(exchange='gather')", (64,), 1, 1)
     >>> p.wire_bytes, p.wire_messages
     ({'all-gather': (8,)}, {'all-gather': (1,)})
   """
@@ -211,7 +211,7 @@ def profile_for(
     >>> import gradcomp
     >>> p = profile_for(gradcomp.signsgd(), (64, 4096, 2**20), up_to=50)
     >>> p.compressor, p.sizes, p.wire_bytes
-    ('signsgd()', (64,), {'all-gather': (8,)})
+    ("signsgd(exchange='gather')", (64,), {'all-gather': (8,)})
     >>> profile_for(gradcomp.signsgd(), (64, 4096, 2**20), up_to=64) is p
     True
   """
