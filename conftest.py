@@ -24,6 +24,14 @@ for _name, _value in {
 }.items():
   os.environ.setdefault(_name, _value)
 
+# Tests compile hundreds of small programs and run each a few times: LLVM's
+# optimisations cost more compile time than they save (12-17 % of the suite,
+# measured on 2 cores). The HLO passes are unchanged, and LLVM keeps IEEE
+# float semantics at every level (no fast-math), so results are too.
+os.environ["XLA_FLAGS"] = " ".join(
+  [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
+).strip()
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from sybil import Sybil  # noqa: E402
