@@ -48,10 +48,11 @@ class StreamingState(NamedTuple):
       round (the initial params before its first); replicated, per worker
       with ``eager=True`` (each worker applies its own eager outer gradient).
     compressor_state: one compressor state per fragment, each made by
-      ``compressor.init`` on the fragment's subtree (the params tree with
-      ``None`` at the other fragments' leaves), so a round moves only its own
-      fragment's error feedback; ``optax.EmptyState()`` entries without a
-      compressor.
+      ``compressor.init`` on the fragment's view (:func:`fragment_view`: the
+      params tree with ``None`` at the other fragments' leaves, or with
+      ``split_leaves`` the tuple of its flat pieces), so a round moves only
+      its own fragment's error feedback; ``optax.EmptyState()`` entries
+      without a compressor.
     outer_state: one outer-optimizer state per fragment, likewise;
       replicated (per worker with ``eager=True``).
     in_flight: the params tree: the pseudo-gradient each worker sent for the
