@@ -486,3 +486,18 @@ def test_fusion_command_line_prices_the_chosen_allreduce(tmp_path, capsys):
   # 64 workers, a power of two: halving/doubling has the ring's bytes and
   # 2 lg 64 = 12 latencies per all-reduce against 2 * 63 = 126; 59 tensors.
   assert ring - best == pytest.approx(59 * (126 - 12) * 25e-3, abs=0.02)  # .2f
+
+
+def test_profiles_record_the_workers_their_wire_was_traced_on():
+  """A scatter form's bytes depend on the workers: 8 and 2 give other
+  profiles, each saying which; a profile saved without the field loads as 2."""
+  tx = gradcomp.ef_signsgd(exchange="scatter")
+  two = gradcomp.fusion.profile(tx, (4096,), repeats=1)
+  eight = gradcomp.fusion.profile(tx, (4096,), repeats=1, workers=8)
+  assert (two.workers, eight.workers) == (2, 8)
+  assert two.wire_bytes != eight.wire_bytes
+  old = json.loads(two.to_json())
+  del old["workers"]
+  assert gradcomp.sim.Profile.from_json(json.dumps(old)) == two
+  with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+    gradcomp.fusion.profile(tx, (64,), repeats=1, workers=0)

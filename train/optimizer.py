@@ -171,8 +171,10 @@ def fusion_plan(
           "config.fusion.plan='auto' needs the leaf sizes and compressor"
         )
       if jax.process_index() == 0:
-        profile = gradcomp.fusion.profile_for(inner, up_to=sum(sizes))
         cluster = cluster or gradcomp.sim.Cluster(jax.device_count())
+        profile = gradcomp.fusion.profile_for(
+          inner, up_to=sum(sizes), workers=cluster.workers
+        )
         saved = gradcomp.fusion.auto_plan(
           sizes, order, profile, cluster, method=cfg.search
         )

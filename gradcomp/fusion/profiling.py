@@ -190,19 +190,24 @@ def profile(
     fused_seconds=tuple(fused_seconds),
     wire_bytes={k: tuple(wire_bytes[k]) for k in used},
     wire_messages={k: tuple(wire_messages[k]) for k in used},
+    workers=workers,
   )
 
 
-_PROFILES: dict[tuple[str, tuple[int, ...]], Profile] = {}
+_PROFILES: dict[tuple[str, tuple[int, ...], int], Profile] = {}
 
 
 def profile_for(
-  tx: optax.GradientTransformation, sizes=AUTO_SIZES, up_to: int | None = None
+  tx: optax.GradientTransformation,
+  sizes=AUTO_SIZES,
+  up_to: int | None = None,
+  workers: int = 2,
 ) -> Profile:
   """:func:`profile` of ``tx`` on one device, measured once per process and sizes.
 
   With ``up_to``, only the sizes up to the first one that reaches ``up_to``
-  are timed (a small model need not be timed at 2^24 values).
+  are timed (a small model need not be timed at 2^24 values). ``workers``:
+  the run's, which a reduce-scatter form's wire depends on.
 
   Examples:
     Only 64 values are timed (the first size reaching 50), and a second call
@@ -219,7 +224,7 @@ def profile_for(
   if up_to is not None:
     reach = next((s for s in sizes if s >= up_to), sizes[-1])
     sizes = tuple(s for s in sizes if s <= reach)
-  key = (label_of(tx), sizes)
+  key = (label_of(tx), sizes, workers)
   if key not in _PROFILES:
-    _PROFILES[key] = profile(tx, key[1])
+    _PROFILES[key] = profile(tx, sizes, workers=workers)
   return _PROFILES[key]

@@ -60,6 +60,8 @@ class Profile:
       :data:`FUSED_PIECES` leaves, concatenation and split included.
     wire_bytes: per collective kind, bytes one worker sends at each size.
     wire_messages: per collective kind, collectives issued at each size.
+    workers: the workers the wire was traced on (a gathered payload's bytes
+      do not depend on them; a reduce-scatter form's and qgZ's do).
 
   Examples:
     A profile written by hand: a codec costing 1 us per value and sending
@@ -87,8 +89,13 @@ class Profile:
   fused_seconds: tuple[float, ...]
   wire_bytes: dict[str, tuple[float, ...]]
   wire_messages: dict[str, tuple[int, ...]]
+  workers: int = 2
 
   def __post_init__(self):
+    if isinstance(self.workers, bool) or not isinstance(self.workers, int):
+      raise ValueError(f"workers must be an integer >= 1, got {self.workers!r}")
+    if self.workers < 1:
+      raise ValueError(f"workers must be an integer >= 1, got {self.workers!r}")
     sizes = validated_sizes(self.sizes)
     object.__setattr__(self, "sizes", sizes)
     for field in ("seconds", "fused_seconds"):
@@ -152,7 +159,8 @@ class Profile:
   def from_json(cls, text: str) -> Profile:
     data = json.loads(text)
     fields = {f.name for f in dataclasses.fields(cls)}
-    if not isinstance(data, dict) or set(data) != fields:
+    # A profile saved before ``workers`` was recorded was traced on 2.
+    if not isinstance(data, dict) or set(data) - {"workers"} != fields - {"workers"}:
       raise ValueError(f"a profile is a JSON object with the fields {sorted(fields)}")
     return cls(**data)
 
