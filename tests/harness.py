@@ -33,6 +33,53 @@ def shard(tree, spec=None):
   return jax.device_put(tree, NamedSharding(mesh(), P(AXIS) if spec is None else spec))
 
 
+# The hostile-value matrix (tests/test_bad_inputs.py and the wrappers' own
+# tests): dtype and shape cases are leaves; "matrix" and "half" are matrices
+# that PowerSGD compresses at rank 2 (the others it sends dense).
+HOSTILE_LEAVES = {
+  "matrix": ((6, 5), jnp.float32),
+  "half": ((8, 6), jnp.float16),
+  "brain": ((3, 4), jnp.bfloat16),
+  "scalar": ((), jnp.float32),
+  "empty": ((0,), jnp.float32),
+  "one": ((1,), jnp.float32),
+}
+
+# Value cases: what worker 0 writes into every other entry of every leaf
+# ("zeros": into all of them). Finite values are clipped to each leaf's finite
+# range (1e38 is float16's maximum in "half"), "denormal" is 3x the smallest
+# subnormal of each dtype, 6e4 is near float16's maximum (65504).
+HOSTILE_CASES = {
+  "clean": None,
+  "nan": np.nan,
+  "+inf": np.inf,
+  "-inf": -np.inf,
+  "zeros": 0.0,
+  "+1e38": 1e38,
+  "-1e38": -1e38,
+  "denormal": "denormal",
+  "6e4": 6e4,
+}
+
+
+def hostile(clean, case: str) -> np.ndarray:
+  """``clean`` (an array; a 0-d one for a scalar leaf) with ``case`` written in."""
+  value = HOSTILE_CASES[case]
+  clean = np.asarray(clean)  # a NumPy scalar's copy would be written to and lost
+  if value is None:
+    return clean
+  if case == "zeros":
+    return np.zeros_like(clean)
+  info = jnp.finfo(clean.dtype)
+  if value == "denormal":
+    value = 3 * float(info.smallest_subnormal)
+  elif np.isfinite(value):
+    value = float(np.clip(value, float(info.min), float(info.max)))
+  out = np.array(clean)  # a copy, 0-d for a scalar leaf
+  out.reshape(-1)[::2] = value
+  return out
+
+
 def worker_state(tx, params):
   """``tx.init(params)`` repeated for every worker, sharded over the workers."""
   return shard(gradcomp.add_worker_axis(tx.init(params), WORKERS))

@@ -80,54 +80,13 @@ SCATTER["int_quantize:scatter-int8"] = (
 CASES_BY_NAME = {name: (name, config) for name, config in CONFIGS.items()} | SCATTER
 NAMES = sorted(CASES_BY_NAME)
 
-# The dtype and shape cases are leaves; "matrix" and "half" are matrices that
-# PowerSGD compresses at rank 2 (the others it sends dense).
-LEAVES = {
-  "matrix": ((6, 5), jnp.float32),
-  "half": ((8, 6), jnp.float16),
-  "brain": ((3, 4), jnp.bfloat16),
-  "scalar": ((), jnp.float32),
-  "empty": ((0,), jnp.float32),
-  "one": ((1,), jnp.float32),
-}
-
-# Value cases: what worker 0 writes into every other entry of every leaf
-# ("zeros": into all of them). Finite values are clipped to each leaf's finite
-# range (1e38 is float16's maximum in "half"), "denormal" is 3x the smallest
-# subnormal of each dtype, 6e4 is near float16's maximum (65504).
-CASES = {
-  "clean": None,
-  "nan": np.nan,
-  "+inf": np.inf,
-  "-inf": -np.inf,
-  "zeros": 0.0,
-  "+1e38": 1e38,
-  "-1e38": -1e38,
-  "denormal": "denormal",
-  "6e4": 6e4,
-}
+LEAVES, CASES = harness.HOSTILE_LEAVES, harness.HOSTILE_CASES
 WORKERS = (1, harness.WORKERS)
 LAYOUTS = ("layerwise", "fused")
 
 
 def _params():
   return {k: jnp.zeros(shape, dtype) for k, (shape, dtype) in LEAVES.items()}
-
-
-def _hostile(clean: np.ndarray, case: str) -> np.ndarray:
-  value = CASES[case]
-  if value is None:
-    return clean
-  if case == "zeros":
-    return np.zeros_like(clean)
-  info = jnp.finfo(clean.dtype)
-  if value == "denormal":
-    value = 3 * float(info.smallest_subnormal)
-  elif np.isfinite(value):
-    value = float(np.clip(value, float(info.min), float(info.max)))
-  out = np.array(clean)  # a copy, 0-d for a scalar leaf
-  out.reshape(-1)[::2] = value
-  return out
 
 
 @functools.cache
@@ -145,9 +104,7 @@ def _grads(workers: int, case: str):
   out = {}
   for k, clean in _clean(workers).items():
     g = clean.copy()
-    # np.asarray: a scalar leaf's clean[0, 0] is a NumPy scalar, which
-    # _hostile's in-place write would miss.
-    g[0, 0] = _hostile(np.asarray(clean[0, 0]), case)
+    g[0, 0] = harness.hostile(clean[0, 0], case)
     out[k] = g
   return out
 

@@ -21,6 +21,8 @@ from gradcomp.compressors import axes
 from gradcomp.compressors.spec import spec_of
 from gradcomp.parallel.branches import varying_axes
 
+import harness
+
 S, G = 2, 4  # nodes (slow axis), devices per node (fast axis)
 MESH = jax.make_mesh((S, G), ("node", "local"))
 BOTH = ("node", "local")
@@ -450,41 +452,7 @@ def test_gather_false_takes_shards_as_params():
 
 # --- Hostile values (tests/test_bad_inputs.py's matrix) ----------------------
 
-LEAVES = {
-  "matrix": ((6, 5), jnp.float32),
-  "half": ((8, 6), jnp.float16),
-  "brain": ((3, 4), jnp.bfloat16),
-  "scalar": ((), jnp.float32),
-  "empty": ((0,), jnp.float32),
-  "one": ((1,), jnp.float32),
-}
-CASES = {
-  "clean": None,
-  "nan": np.nan,
-  "+inf": np.inf,
-  "-inf": -np.inf,
-  "zeros": 0.0,
-  "+1e38": 1e38,
-  "-1e38": -1e38,
-  "denormal": "denormal",
-  "6e4": 6e4,
-}
-
-
-def _hostile(clean, case):
-  value = CASES[case]
-  if value is None:
-    return clean
-  if case == "zeros":
-    return np.zeros_like(clean)
-  info = jnp.finfo(clean.dtype)
-  if value == "denormal":
-    value = 3 * float(info.smallest_subnormal)
-  elif np.isfinite(value):
-    value = float(np.clip(value, float(info.min), float(info.max)))
-  out = clean.copy()
-  out.reshape(-1)[::2] = value
-  return out
+LEAVES, CASES = harness.HOSTILE_LEAVES, harness.HOSTILE_CASES
 
 
 @functools.cache
@@ -509,7 +477,7 @@ def _hostile_grads(case):
   out = {}
   for k, (shape, dtype) in LEAVES.items():
     g = r.standard_normal((2, N, *shape)).astype(dtype)
-    g[0, 0] = _hostile(np.asarray(g[0, 0]), case)  # a 0-d array, not a scalar
+    g[0, 0] = harness.hostile(g[0, 0], case)
     out[k] = g
   return out
 
