@@ -32,61 +32,19 @@ _TRACE_AXIS = "gradcomp_profile"
 _TRACE_WORKERS = 2
 
 
-def _collectives(jaxpr, totals: dict[str, list], scale: int = 1) -> None:
-  """Adds the operand bytes and message count of every collective in ``jaxpr``."""
-  for eqn in jaxpr.eqns:
-    kind = _PRIMITIVE_KINDS.get(eqn.primitive.name)
-    if kind is not None:
-      nbytes = sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.invars)
-      totals[kind][0] += scale * nbytes
-      totals[kind][1] += scale
-    inner_scale = scale * int(eqn.params.get("length", 1))
-    for name, value in eqn.params.items():
-      branches = value if isinstance(value, tuple | list) else (value,)
-      subs = [getattr(b, "jaxpr", b) for b in branches]
-      subs = [s for s in subs if hasattr(s, "eqns")]
-      if not subs:
-        continue
-      if name == "branches":  # lax.cond: one branch runs; count the largest.
-        options = []
-        for s in subs:
-          part = {k: [0, 0] for k in KINDS}
-          _collectives(s, part, inner_scale)
-          options.append(part)
-        best = max(options, key=lambda p: sum(v[0] for v in p.values()))
-        for k in KINDS:
-          totals[k][0] += best[k][0]
-          totals[k][1] += best[k][1]
-      else:
-        for s in subs:
-          _collectives(s, totals, inner_scale)
+def _found(jaxpr, scale: int = 1) -> list[tuple[str, object, int, int]]:
+  """``(kind, eqn, operand bytes, times)`` of every collective in ``jaxpr``.
 
-
-def _axes_param(eqn) -> tuple[str, ...]:
-  """The mesh axes a collective equation runs over (``axes`` or ``axis_name``)."""
-  value = eqn.params.get("axes", eqn.params.get("axis_name", ()))
-  return tuple(value) if isinstance(value, tuple | list) else (value,)
-
-
-def _records(jaxpr, mesh, out: list, scale: int = 1) -> None:
-  """Appends a :class:`wire.Collective` for every collective in ``jaxpr``.
-
-  A ``scan`` body's collectives count ``length`` times (their bytes scaled);
-  of a ``cond``'s branches, the one sending most.
+  A ``scan`` body's collectives run ``length`` times (``times``, and their
+  bytes scaled by it); of a ``cond``'s branches, only one runs: the one
+  sending the most counts.
   """
-  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+  out = []
   for eqn in jaxpr.eqns:
     kind = _PRIMITIVE_KINDS.get(eqn.primitive.name)
     if kind is not None:
-      named = set(_axes_param(eqn))
-      axes = tuple(a for a in mesh.axis_names if a in named)
-      group = 1
-      for a in axes:
-        group *= sizes[a]
-      if kind == "collective-permute":
-        group = 2
       nbytes = sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.invars)
-      out.append(wire.Collective(kind, scale * nbytes, group, axes))
+      out.append((kind, eqn, scale * nbytes, scale))
     inner_scale = scale * int(eqn.params.get("length", 1))
     for name, value in eqn.params.items():
       branches = value if isinstance(value, tuple | list) else (value,)
@@ -95,15 +53,41 @@ def _records(jaxpr, mesh, out: list, scale: int = 1) -> None:
       if not subs:
         continue
       if name == "branches":
-        options = []
-        for s in subs:
-          part: list = []
-          _records(s, mesh, part, inner_scale)
-          options.append(part)
-        out.extend(max(options, key=lambda p: sum(r.operand_bytes for r in p)))
+        options = [_found(s, inner_scale) for s in subs]
+        out.extend(max(options, key=lambda found: sum(f[2] for f in found)))
       else:
         for s in subs:
-          _records(s, mesh, out, inner_scale)
+          out.extend(_found(s, inner_scale))
+  return out
+
+
+def _collectives(jaxpr, totals: dict[str, list]) -> None:
+  """Adds the operand bytes and message count of every collective in ``jaxpr``."""
+  for kind, _, nbytes, times in _found(jaxpr):
+    totals[kind][0] += nbytes
+    totals[kind][1] += times
+
+
+def _axes_param(eqn) -> tuple[str, ...]:
+  """The mesh axes a collective equation runs over (``axes`` or ``axis_name``)."""
+  value = eqn.params.get("axes", eqn.params.get("axis_name", ()))
+  return tuple(value) if isinstance(value, tuple | list) else (value,)
+
+
+def _records(jaxpr, mesh) -> list:
+  """A :class:`wire.Collective` for every collective in ``jaxpr`` (:func:`_found`)."""
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+  out = []
+  for kind, eqn, nbytes, _ in _found(jaxpr):
+    named = set(_axes_param(eqn))
+    axes = tuple(a for a in mesh.axis_names if a in named)
+    group = 1
+    for a in axes:
+      group *= sizes[a]
+    if kind == "collective-permute":
+      group = 2
+    out.append(wire.Collective(kind, nbytes, group, axes))
+  return out
 
 
 def traced_axis_wire(fn, *args, mesh) -> list:
@@ -117,9 +101,7 @@ def traced_axis_wire(fn, *args, mesh) -> list:
   (:func:`gradcomp.axis_wire`) carry the same operand bytes, short of what
   XLA adds or removes (a one-device group compiled away, a combined op).
   """
-  out: list = []
-  _records(jax.make_jaxpr(fn)(*args).jaxpr, mesh, out)
-  return out
+  return _records(jax.make_jaxpr(fn)(*args).jaxpr, mesh)
 
 
 def traced_collectives(tx, tree, axis_name: str, workers: int):
