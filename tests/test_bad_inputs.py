@@ -31,6 +31,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
+from gradcomp.compressors import scatter
 
 import harness
 
@@ -62,16 +63,7 @@ CONFIGS = {
 # int_quantize's also with its 8-bit residuals (LoCo).
 SCATTER = {
   f"{name}:scatter": (name, {**CONFIGS[name], "exchange": "scatter"})
-  for name in (
-    "dynamic_fixed_point",
-    "ef_signsgd",
-    "fixed_point",
-    "int_quantize",
-    "onebit_sgd",
-    "qsgd",
-    "signsgd",
-    "terngrad",
-  )
+  for name in scatter.SCATTERED
 }
 SCATTER["int_quantize:scatter-int8"] = (
   "int_quantize",

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import gradcomp
+from gradcomp.compressors import scatter
 
 import harness
 
@@ -36,16 +37,7 @@ CONFIGS = {
 }
 # The reduce-scatter forms of the quantizing codecs (exchange="scatter",
 # compressors/scatter.py), each a case "name:scatter" with the config above.
-SCATTER = (
-  "dynamic_fixed_point",
-  "ef_signsgd",
-  "fixed_point",
-  "int_quantize",
-  "onebit_sgd",
-  "qsgd",
-  "signsgd",
-  "terngrad",
-)
+SCATTER = scatter.SCATTERED
 CASES = {name: (name, config) for name, config in CONFIGS.items()} | {
   f"{name}:scatter": (name, {**CONFIGS[name], "exchange": "scatter"})
   for name in SCATTER

@@ -783,3 +783,18 @@ def test_elastic_resume_moves_the_server_error_to_its_new_owner():
   np.testing.assert_array_equal(
     moved[np.arange(d) // (-(-d // 4)), np.arange(d)], owned
   )
+
+
+def test_the_scattered_list_is_every_registered_codec_with_the_form():
+  """scatter.SCATTERED (which the conformance and bad-input suites read) names
+  exactly the registered compressors whose factory takes exchange='scatter'."""
+  import inspect
+
+  from gradcomp.compressors import registry, scatter
+
+  takes = {
+    n
+    for n in gradcomp.names()
+    if "exchange" in inspect.signature(registry._REGISTRY[n]).parameters
+  }
+  assert takes == set(scatter.SCATTERED)

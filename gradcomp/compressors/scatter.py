@@ -48,6 +48,17 @@ from gradcomp.kernels import bits, hashing
 
 #: The exchange forms a quantizing codec may take (its ``exchange=`` keyword).
 FORMS = ("gather", "scatter")
+#: Registered compressors with an ``exchange="scatter"`` form (DESIGN §7).
+SCATTERED = (
+  "dynamic_fixed_point",
+  "ef_signsgd",
+  "fixed_point",
+  "int_quantize",
+  "onebit_sgd",
+  "qsgd",
+  "signsgd",
+  "terngrad",
+)
 
 
 def chunk_size(d: int, n: int) -> int:
