@@ -7,22 +7,12 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from gradcomp.compressors import exchange
 from gradcomp.compressors.base import LeafCodec, leafwise, stateless_init
 from gradcomp.compressors.spec import recorded
 from gradcomp.kernels import numerics
-
-
-def _sum_safe_bound(dtype, n: int) -> float:
-  """The largest ``b`` of ``dtype`` with ``n * b`` at most ``dtype``'s maximum."""
-  high = np.asarray(jnp.finfo(dtype).max, np.float64)
-  bound = np.asarray(high / n, dtype)
-  while float(bound) * n > float(high):
-    bound = np.nextafter(bound, np.asarray(0, dtype))
-  return float(bound)
 
 
 @recorded
@@ -99,7 +89,7 @@ def fp16(
   def apply(x, state, key, step):
     del key, step
     n = exchange.num_workers(axis_name)
-    payload = numerics.saturate(x / n, dtype, _sum_safe_bound(dtype, n))
+    payload = numerics.saturate(x / n, dtype, numerics.sum_safe_bound(dtype, n))
     mean = exchange.all_reduce_sum(payload, axis_name).astype(jnp.float32)
     remainder = x - payload.astype(jnp.float32) * n
     return mean, remainder, state

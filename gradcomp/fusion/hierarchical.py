@@ -148,15 +148,6 @@ def unshard(shards, like, fast_axis: str | tuple[str, ...] | None = None):
   return jax.tree.unflatten(treedef, out)
 
 
-def _sum_safe_bound(dtype, n: int) -> float:
-  """The largest ``b`` of ``dtype`` with ``n * b`` at most ``dtype``'s maximum."""
-  high = np.asarray(jnp.finfo(dtype).max, np.float64)
-  bound = np.asarray(high / n, dtype)
-  while float(bound) * n > float(high):
-    bound = np.nextafter(bound, np.asarray(0, dtype))
-  return float(bound)
-
-
 def _reduce_scatter(x, fast_axis: str, g: int, scatter_dtype) -> jax.Array:
   """This device's chunk of the mean over ``fast_axis`` of ``x``, float32 ``(c,)``.
 
@@ -167,7 +158,7 @@ def _reduce_scatter(x, fast_axis: str, g: int, scatter_dtype) -> jax.Array:
   payload = _padded(x.astype(jnp.float32) / g, g)
   if scatter_dtype is not None:
     payload = numerics.saturate(
-      payload, scatter_dtype, _sum_safe_bound(scatter_dtype, g)
+      payload, scatter_dtype, numerics.sum_safe_bound(scatter_dtype, g)
     )
   summed = jax.lax.psum_scatter(payload, fast_axis, scatter_dimension=0, tiled=True)
   return summed.astype(jnp.float32)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 FLOAT32_MAX = float(jnp.finfo(jnp.float32).max)
@@ -77,6 +78,24 @@ def scaled_norm(x: jax.Array, axis=None, keepdims: bool = False):
   if not keepdims:
     p, root = jnp.squeeze(p, axis), jnp.squeeze(root, axis)
   return p, root
+
+
+def sum_safe_bound(dtype, n: int) -> float:
+  """The largest ``b`` of ``dtype`` with ``n * b`` at most ``dtype``'s maximum.
+
+  What each of ``n`` payloads is clipped to so that their sum in ``dtype``
+  stays finite (a 16-bit all-reduce or reduce-scatter).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> sum_safe_bound(jnp.float16, 2) * 2 <= 65504.0
+    True
+  """
+  high = np.asarray(jnp.finfo(dtype).max, np.float64)
+  bound = np.asarray(high / n, dtype)
+  while float(bound) * n > float(high):
+    bound = np.nextafter(bound, np.asarray(0, dtype))
+  return float(bound)
 
 
 def saturate(x: jax.Array, dtype, high: float | None = None) -> jax.Array:
