@@ -89,7 +89,7 @@ def fp16(
   def apply(x, state, key, step):
     del key, step
     n = exchange.num_workers(axis_name)
-    payload = numerics.saturate(x / n, dtype, numerics.sum_safe_bound(dtype, n))
+    payload = numerics.saturate(x / n, dtype, numerics.safe_bound(dtype, n))
     mean = exchange.all_reduce_sum(payload, axis_name).astype(jnp.float32)
     remainder = x - payload.astype(jnp.float32) * n
     return mean, remainder, state

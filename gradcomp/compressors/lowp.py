@@ -69,15 +69,6 @@ def _finite_max_abs(part: jax.Array) -> jax.Array:
   return numerics.max_abs(finite, axis=1, keepdims=True)
 
 
-def _scale_cap(fmax: float) -> float:
-  """The largest float32 ``s`` with ``fmax * s`` finite: decoded values never overflow."""
-  high = float(np.finfo(np.float32).max)
-  cap = np.float32(high / fmax)
-  while float(cap) * fmax > high:
-    cap = np.nextafter(cap, np.float32(0))
-  return float(cap)
-
-
 def _pow2(k: jax.Array) -> jax.Array:
   """float32 ``2^k`` for integer ``k`` in [-126, 127], exactly (built from its bits)."""
   biased = (k.astype(jnp.int32) + 127).astype(jnp.uint32) << 23
@@ -171,7 +162,7 @@ def fp8(
     block_size = checks.at_least("block_size", block_size, 1)
   dtype = FP8_FORMATS[format]
   fmax = float(jnp.finfo(dtype).max)
-  cap = _scale_cap(fmax)
+  cap = numerics.safe_bound(jnp.float32, fmax)  # decoded values never overflow
 
   def encode(part):
     # Products with reciprocals, said explicitly: XLA:CPU turns x / s into

@@ -158,7 +158,7 @@ def _reduce_scatter(x, fast_axis: str, g: int, scatter_dtype) -> jax.Array:
   payload = _padded(x.astype(jnp.float32) / g, g)
   if scatter_dtype is not None:
     payload = numerics.saturate(
-      payload, scatter_dtype, numerics.sum_safe_bound(scatter_dtype, g)
+      payload, scatter_dtype, numerics.safe_bound(scatter_dtype, g)
     )
   summed = jax.lax.psum_scatter(payload, fast_axis, scatter_dimension=0, tiled=True)
   return summed.astype(jnp.float32)

@@ -53,6 +53,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gradcomp.kernels import numerics
+
 BITS = (4, 8)
 _TINY = float(np.finfo(np.float32).tiny)  # 2^-126
 _NIBBLE_SHIFTS = np.array([0, 4], np.uint8)  # numpy: importing must not start JAX
@@ -69,17 +71,6 @@ def max_code(bits: int) -> int:
   """The largest code magnitude ``q = 2^(bits - 1) - 1``: 127 or 7."""
   _check(bits, 1)
   return 2 ** (bits - 1) - 1
-
-
-def _scale_cap(q: int) -> float:
-  """The largest float32 ``s`` with ``q * s`` finite in float32."""
-  high = float(np.finfo(np.float32).max)
-  cap = np.float32(high / q)
-  # q * cap rounds to at most high (and so stays finite) when the exact
-  # product is below high plus half its ulp; checked in float64, exactly.
-  while float(cap) * q > high:
-    cap = np.nextafter(cap, np.float32(0))
-  return float(cap)
 
 
 def num_blocks(size: int, block_size: int) -> int:
@@ -132,7 +123,11 @@ def _encode(x: jax.Array, bits: int, block_size: int):
   blocks = _blocked(x.astype(jnp.float32), block_size)
   finite = jnp.where(jnp.isfinite(blocks), blocks, 0.0)
   top = jnp.maximum(jnp.max(finite, axis=-1), -jnp.min(finite, axis=-1))
-  scale = jnp.where(top > 0, jnp.clip(top * np.float32(1 / q), _TINY, _scale_cap(q)), 0)
+  scale = jnp.where(
+    top > 0,
+    jnp.clip(top * np.float32(1 / q), _TINY, numerics.safe_bound(jnp.float32, q)),
+    0,
+  )
   inverse = jnp.where(scale > 0, 1.0 / jnp.where(scale > 0, scale, 1.0), 0.0)
   y = jnp.clip(blocks * inverse[..., None], -q, q)  # +-Inf saturate at +-q
   codes = jnp.where(jnp.isnan(blocks), 0.0, jnp.round(y)).astype(jnp.int32)

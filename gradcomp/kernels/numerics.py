@@ -80,20 +80,22 @@ def scaled_norm(x: jax.Array, axis=None, keepdims: bool = False):
   return p, root
 
 
-def sum_safe_bound(dtype, n: int) -> float:
-  """The largest ``b`` of ``dtype`` with ``n * b`` at most ``dtype``'s maximum.
+def safe_bound(dtype, factor: float) -> float:
+  """The largest ``b`` of ``dtype`` with ``factor * b`` at most ``dtype``'s maximum.
 
-  What each of ``n`` payloads is clipped to so that their sum in ``dtype``
-  stays finite (a 16-bit all-reduce or reduce-scatter).
+  Checked exactly in float64. What each of ``factor`` payloads is clipped to
+  so that their sum in ``dtype`` stays finite (a 16-bit all-reduce or
+  reduce-scatter), and the largest scale whose product with the largest
+  code (``factor``) decodes finite.
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> sum_safe_bound(jnp.float16, 2) * 2 <= 65504.0
+    >>> safe_bound(jnp.float16, 2) * 2 <= 65504.0
     True
   """
   high = np.asarray(jnp.finfo(dtype).max, np.float64)
-  bound = np.asarray(high / n, dtype)
-  while float(bound) * n > float(high):
+  bound = np.asarray(high / factor, dtype)
+  while float(bound) * factor > float(high):
     bound = np.nextafter(bound, np.asarray(0, dtype))
   return float(bound)
 
