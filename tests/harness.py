@@ -80,6 +80,17 @@ def hostile(clean, case: str) -> np.ndarray:
   return out
 
 
+#: The arguments a registered compressor cannot build without, for suites
+#: that build every one by name.
+REQUIRED = {
+  "topk": {"ratio": 0.5},
+  "randomk": {"ratio": 0.5},
+  "dgc": {"ratio": 0.5},
+  "sketch_topk": {"ratio": 0.5},
+  "sparse_quantize": {"threshold": 0.5},
+}
+
+
 def worker_state(tx, params):
   """``tx.init(params)`` repeated for every worker, sharded over the workers."""
   return shard(gradcomp.add_worker_axis(tx.init(params), WORKERS))

@@ -18,16 +18,12 @@ from jax.sharding import PartitionSpec as P
 import gradcomp
 from gradcomp.parallel.branches import varying_axes
 
+import harness
+
 MESH = jax.make_mesh((2, 4), ("data", "model"))
 BOTH = ("data", "model")
 BLOCK = 4  # coordinates of w per model shard
-REQUIRED = {
-  "topk": {"ratio": 0.5},
-  "randomk": {"ratio": 0.5},
-  "dgc": {"ratio": 0.5},
-  "sketch_topk": {"ratio": 0.5},
-  "sparse_quantize": {"threshold": 0.5},
-}
+REQUIRED = harness.REQUIRED
 WRONG = r"axis_name includes 'model', but the params differ across 'model'"
 
 rng = np.random.default_rng(0)

@@ -23,18 +23,14 @@ from jax.sharding import PartitionSpec as P
 
 import gradcomp
 
+import harness
+
 pytestmark = pytest.mark.xdist_group("sharded")
 
 MESH = jax.make_mesh((2, 4), ("data", "model"))
 PAIR = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
 BLOCK = 8
-REQUIRED = {
-  "topk": {"ratio": 0.5},
-  "randomk": {"ratio": 0.5},
-  "dgc": {"ratio": 0.5},
-  "sketch_topk": {"ratio": 0.5},
-  "sparse_quantize": {"threshold": 0.5},
-}
+REQUIRED = harness.REQUIRED
 U = float(jnp.finfo(jnp.float32).eps) / 2
 
 rng = np.random.default_rng(0)
