@@ -108,13 +108,7 @@ def fragment_groups(params, fragments, order: Sequence[int] | None = None) -> Gr
   n = len(paths)
   if not isinstance(fragments, int):
     return _partition(_explicit(fragments), n)
-  if order is None:
-    order = range(n)
-  order = tuple(order)
-  if not all(map(_is_index, order)) or sorted(order) != list(range(n)):
-    raise ValueError(
-      f"order must be a permutation of the {n} leaf indices, got {order!r}"
-    )
+  order = _checked_order(order, n)
   layer_of: dict = {}
   for i in order:
     layer_of.setdefault(paths[int(i)][:-1], len(layer_of))
@@ -174,23 +168,31 @@ def fragment_pieces(
       f"fragments must be an integer in [1, {total}] (the number of values) "
       f"with split_leaves=True, got {fragments!r}"
     )
-  fragment_groups(params, 1, order)  # Checks the order.
-  layers = _layers(params)
-  order = range(len(leaves)) if order is None else order
-  chunks = fragments * -(-layers // fragments)
+  order = _checked_order(order, len(leaves))
+  chunks = fragments * -(-_layers(params) // fragments)
   cuts = [round(j * total / chunks) for j in range(chunks + 1)]
-  starts, offset = {}, 0
+  starts, offset = {}, 0  # each leaf's first value in the laid-out order
   for i in order:
-    starts[int(i)] = offset
-    offset += sizes[int(i)]
+    starts[i] = offset
+    offset += sizes[i]
   pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(fragments)]
   for j in range(chunks):
     lo, hi = cuts[j], cuts[j + 1]
     for i in order:
-      a, b = max(lo, starts[int(i)]), min(hi, starts[int(i)] + sizes[int(i)])
+      a, b = max(lo, starts[i]), min(hi, starts[i] + sizes[i])
       if a < b:
-        pieces[j % fragments].append((int(i), a - starts[int(i)], b - starts[int(i)]))
+        pieces[j % fragments].append((i, a - starts[i], b - starts[i]))
   return tuple(tuple(p) for p in pieces)
+
+
+def _checked_order(order, n: int) -> tuple[int, ...]:
+  """``order`` as ints, a permutation of the ``n`` leaf indices (tree order if ``None``)."""
+  order = tuple(range(n)) if order is None else tuple(order)
+  if not all(map(_is_index, order)) or sorted(order) != list(range(n)):
+    raise ValueError(
+      f"order must be a permutation of the {n} leaf indices, got {order!r}"
+    )
+  return tuple(int(i) for i in order)
 
 
 def _layers(params) -> int:
