@@ -38,7 +38,8 @@ class LayerFusionState(NamedTuple):
     [(2,), (2, 3)]
   """
 
-  inner: optax.OptState  # the inner transformation's state over the fused buffers.
+  # The inner state over the fused buffers; ``{form: state}`` for a plan with forms.
+  inner: optax.OptState
 
 
 def _fuse(leaves, plan: Plan) -> tuple:
@@ -80,8 +81,18 @@ def _split(buffers, plan: Plan, like) -> list:
   return leaves
 
 
+def _groups_by_form(plan: Plan) -> dict[str, list[int]]:
+  """``{form: positions of its groups}``, the forms in order of first use."""
+  positions: dict[str, list[int]] = {}
+  for g, form in enumerate(plan.forms):
+    positions.setdefault(form, []).append(g)
+  return positions
+
+
 def fusion_transform(
-  inner: optax.GradientTransformation, resolve: Callable[[list], Plan]
+  inner: optax.GradientTransformation,
+  resolve: Callable[[list], Plan],
+  in_form: Callable[[str], optax.GradientTransformation] | None = None,
 ) -> optax.GradientTransformation:
   """``inner`` on the fused buffers of the plan ``resolve(leaves)`` returns.
 
@@ -89,11 +100,35 @@ def fusion_transform(
   works inside ``jit``, ``shard_map`` and ``pmap``, and ``init`` accepts
   ``jax.ShapeDtypeStruct`` params; ``params``, when given to ``update``, are
   fused the same way before ``inner`` sees them.
+
+  A plan with :attr:`Plan.forms` hands the buffers of each form, as one
+  tuple in group order, to ``in_form(form)`` (``inner`` built with that
+  ``exchange=``); the state is then ``{form: its state}``.
   """
+  built: dict[str, optax.GradientTransformation] = {}
+
+  def for_form(form: str) -> optax.GradientTransformation:
+    if in_form is None:
+      raise ValueError(
+        "the plan gives its groups exchange forms; pass a compressor with an "
+        "exchange= keyword to layerfusion, which builds one per form"
+      )
+    if form not in built:
+      built[form] = in_form(form)
+    return built[form]
 
   def init_fn(params):
     leaves = jax.tree.leaves(params)
-    return LayerFusionState(inner=inner.init(_fuse(leaves, resolve(leaves))))
+    plan = resolve(leaves)
+    buffers = _fuse(leaves, plan)
+    if plan.forms is None:
+      return LayerFusionState(inner=inner.init(buffers))
+    return LayerFusionState(
+      inner={
+        form: for_form(form).init(tuple(buffers[g] for g in groups))
+        for form, groups in _groups_by_form(plan).items()
+      }
+    )
 
   def update_fn(updates, state, params=None):
     leaves, treedef = jax.tree.flatten(updates)
@@ -101,9 +136,18 @@ def fusion_transform(
     fused_params = None
     if params is not None:
       fused_params = _fuse(treedef.flatten_up_to(params), fusion)
-    buffers, inner_state = inner.update(
-      _fuse(leaves, fusion), state.inner, fused_params
-    )
+    fused_updates = _fuse(leaves, fusion)
+    if fusion.forms is None:
+      buffers, inner_state = inner.update(fused_updates, state.inner, fused_params)
+    else:
+      buffers, inner_state = [None] * len(fused_updates), {}
+      for form, groups in _groups_by_form(fusion).items():
+        part = None if fused_params is None else tuple(fused_params[g] for g in groups)
+        out, inner_state[form] = for_form(form).update(
+          tuple(fused_updates[g] for g in groups), state.inner[form], part
+        )
+        for g, buffer in zip(groups, out, strict=True):
+          buffers[g] = buffer
     out = _split(buffers, fusion, leaves)
     return jax.tree.unflatten(treedef, out), LayerFusionState(inner=inner_state)
 
@@ -111,9 +155,15 @@ def fusion_transform(
 
 
 def fused(
-  inner: optax.GradientTransformation, plan: Plan
+  inner: optax.GradientTransformation,
+  plan: Plan,
+  in_form: Callable[[str], optax.GradientTransformation] | None = None,
 ) -> optax.GradientTransformation:
-  """``inner`` on the buffers of one fixed ``plan`` (for trees of its leaf count)."""
+  """``inner`` on the buffers of one fixed ``plan`` (for trees of its leaf count).
+
+  ``in_form``: for a plan with :attr:`Plan.forms`, ``inner`` in each form
+  (:func:`fusion_transform`).
+  """
 
   def resolve(leaves) -> Plan:
     if plan.num_leaves != len(leaves):
@@ -122,4 +172,4 @@ def fused(
       )
     return plan
 
-  return fusion_transform(inner, resolve)
+  return fusion_transform(inner, resolve, in_form)

@@ -15,7 +15,7 @@ search (``fusion_search.py``). DESIGN §2.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from gradcomp.compressors import axes
+from gradcomp.compressors.scatter import FORMS, SCATTERED
 from gradcomp.compressors.spec import spec_of
 from gradcomp.fusion import profiling
 from gradcomp.fusion import search as fusion_search
@@ -38,7 +39,7 @@ PLAN_NAMES = ("layerwise", "single", "auto")
 def auto_plan(
   sizes: Sequence[int],
   order: Sequence[int],
-  profile: Profile,
+  profile: Profile | Mapping[str, Profile],
   cluster: Cluster,
   backward_seconds: float | Sequence[float] = 0.0,
   method: str = "heuristic",
@@ -48,7 +49,8 @@ def auto_plan(
   Args:
     sizes: values per leaf, indexed like ``jax.tree.leaves``.
     order: the gradient-ready order of the leaves.
-    profile: the compressor's measured profile.
+    profile: the compressor's measured profile, or ``{form: Profile}`` to
+      choose each group's exchange form too (:attr:`Plan.forms`).
     cluster: the cluster to plan for.
     backward_seconds: the backward pass of one step: a total, split over the
       leaves in proportion to their size, or one time per leaf in ``order``.
@@ -81,15 +83,61 @@ def auto_plan(
   return fusion_search.search_plan(model, order, method)
 
 
+def in_forms(inner: optax.GradientTransformation):
+  """``form -> inner`` built with ``exchange=form``: a codec's exchange forms.
+
+  ``inner``'s own form is ``inner`` itself; the other form is built from its
+  recorded arguments, with ``seed + 1`` where it has a seed, so its groups
+  draw a stream of their own rather than repeat the first form's.
+
+  Raises:
+    ValueError: when ``inner`` is not a gradcomp compressor with an
+      ``exchange=`` keyword (one of ``gradcomp.compressors.scatter.SCATTERED``).
+  """
+  spec = spec_of(inner)
+  arguments = {} if spec is None else dict(spec.arguments)
+  if "exchange" not in arguments:
+    raise ValueError(
+      "exchange forms per group need a gradcomp compressor with an exchange= "
+      f"keyword (one of {SCATTERED}), got "
+      f"{'a transformation gradcomp did not build' if spec is None else spec.name}"
+    )
+
+  def build(form: str) -> optax.GradientTransformation:
+    if form == arguments["exchange"]:
+      return inner
+    seed = arguments.get("seed")
+    other_stream = {} if seed is None else {"seed": seed + 1}
+    return spec.build(exchange=form, **other_stream)
+
+  return build
+
+
+def _form_profiles(inner, profile, workers: int) -> dict[str, Profile]:
+  """``{form: profile}`` for ``exchange="auto"``: given, checked, or measured."""
+  build = in_forms(inner)
+  if profile is None:
+    return {f: profiling.profile_for(build(f), workers=workers) for f in FORMS}
+  if not isinstance(profile, Mapping) or set(profile) != set(FORMS):
+    raise ValueError(
+      f'with exchange="auto", profile must map each form {FORMS} to its Profile, '
+      f"got {profile!r}"
+    )
+  for form in FORMS:
+    profile[form].check_for(build(form))
+  return {f: profile[f] for f in FORMS}
+
+
 def layerfusion(
   inner: optax.GradientTransformation,
   plan: str | Plan = "auto",
   *,
   order=None,
   cluster: Cluster | None = None,
-  profile: Profile | None = None,
+  profile: Profile | Mapping[str, Profile] | None = None,
   backward_seconds: float | Sequence[float] = 0.0,
   search: str = "heuristic",
+  exchange: str | None = None,
 ) -> optax.GradientTransformation:
   """Applies ``inner`` to fused buffers, one per group of leaves.
 
@@ -148,6 +196,15 @@ def layerfusion(
       gradient-ready order. The default 0 plans without overlap (compression
       and exchange after the backward pass).
     search: for ``"auto"``: ``"heuristic"`` (§4.3) or ``"optimal"`` (DP).
+    exchange: ``None`` (the default): every group in ``inner``'s own
+      exchange form; ``"auto"`` (with ``plan="auto"`` and a codec with an
+      ``exchange=`` keyword): each group in the form the cost model prices
+      lower, all-gathered (``"gather"``) or reduce-scattered (``"scatter"``,
+      DESIGN §7), with ``profile`` then ``{form: Profile}`` (default:
+      both measured, their wire traced on the cluster's workers). Groups
+      of one form go to that form's compressor as one tuple; the plan
+      records the forms (:attr:`Plan.forms`), and an explicit plan with
+      forms is applied the same way.
 
   The ``"auto"`` plan is computed from static shapes the first time a tree
   structure is seen (in ``init``), so it works inside ``jit``, ``shard_map``
@@ -157,8 +214,9 @@ def layerfusion(
     An ``optax.GradientTransformation`` with state :class:`LayerFusionState`.
 
   Raises:
-    ValueError: for an unknown plan name, a profile measured for another
-      compressor, an ``"auto"`` plan of a transformation gradcomp did not
+    ValueError: for an unknown plan name or ``exchange``, a profile
+      measured for another compressor, ``exchange="auto"`` without
+      ``plan="auto"`` or with a compressor that has one form, an ``"auto"`` plan of a transformation gradcomp did not
       build without a profile, a bad ``order``, an ``order`` the
       plan's groups are not contiguous in, or (at ``init`` / ``update``) a
       plan or order made for a different number of leaves.
@@ -189,12 +247,27 @@ def layerfusion(
 
   if search not in fusion_search.METHODS:
     raise ValueError(f"search must be one of {fusion_search.METHODS}, got {search!r}")
+  if exchange not in (None, "auto"):
+    raise ValueError(f'exchange must be None or "auto", got {exchange!r}')
+  if exchange == "auto" and plan != "auto":
+    raise ValueError(
+      f'exchange="auto" chooses forms with the cost model: it needs plan="auto", '
+      f"got plan={plan!r}"
+    )
   spec = spec_of(inner)
   if isinstance(plan, Plan):
-    return _checked(fused(inner, plan), inner)
-  if plan == "auto":
+    forms = None if plan.forms is None else in_forms(inner)
+    return _checked(fused(inner, plan, forms), inner)
+  # Only an "auto" plan needs the devices (a named plan may be built before
+  # the backend is set up).
+  planned_on = cluster
+  if plan == "auto" and cluster is None:
+    planned_on = Cluster(workers=jax.device_count())
+  if exchange == "auto":
+    profile = _form_profiles(inner, profile, planned_on.workers)
+  elif plan == "auto":
     if profile is None:
-      profile = profiling.profile_for(inner)
+      profile = profiling.profile_for(inner, workers=planned_on.workers)
     elif spec is not None:
       profile.check_for(inner)
   auto_plans: dict[tuple[int, ...], Plan] = {}
@@ -213,16 +286,12 @@ def layerfusion(
     sizes = tuple(int(np.prod(jnp.shape(x))) for x in leaves)
     if sizes not in auto_plans:
       auto_plans[sizes] = auto_plan(
-        sizes,
-        leaf_order,
-        profile,
-        cluster or Cluster(workers=jax.device_count()),
-        backward_seconds,
-        search,
+        sizes, leaf_order, profile, planned_on, backward_seconds, search
       )
     return auto_plans[sizes]
 
-  return _checked(fusion_transform(inner, resolve), inner)
+  forms = in_forms(inner) if exchange == "auto" else None
+  return _checked(fusion_transform(inner, resolve, forms), inner)
 
 
 def _checked(

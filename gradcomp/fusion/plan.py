@@ -15,6 +15,8 @@ import dataclasses
 import json
 from collections.abc import Iterable, Sequence
 
+from gradcomp.compressors.scatter import FORMS
+
 
 def _is_index(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
@@ -60,6 +62,10 @@ class Plan:
   Attributes:
     groups: the groups, first-ready first.
     num_leaves: the number of leaves of the tree the plan is for.
+    forms: ``None``, or one exchange form per group (``"gather"`` or
+      ``"scatter"``, the ``exchange=`` keyword of the quantizing codecs,
+      DESIGN §7) for ``layerfusion`` to build ``inner`` with; the cost model
+      chooses them with ``layerfusion(..., exchange="auto")``.
 
   Examples:
     >>> plan = Plan.from_boundaries((2, 1, 0, 3), (1, 3))
@@ -67,10 +73,14 @@ class Plan:
     ((2,), (1, 0), (3,))
     >>> Plan.from_json(plan.to_json()) == plan
     True
+    >>> mixed = plan.with_forms(("gather", "scatter", "gather"))
+    >>> mixed.forms, Plan.from_json(mixed.to_json()) == mixed
+    (('gather', 'scatter', 'gather'), True)
   """
 
   groups: tuple[tuple[int, ...], ...]
   num_leaves: int
+  forms: tuple[str, ...] | None = None
 
   def __post_init__(self):
     if not _is_index(self.num_leaves) or self.num_leaves < 0:
@@ -98,6 +108,21 @@ class Plan:
     skipped = sorted(set(range(n)) - set(seen))
     if skipped:
       raise ValueError(f"leaves {skipped} are in no group (num_leaves={n})")
+    if self.forms is not None:
+      forms = tuple(self.forms) if isinstance(self.forms, list | tuple) else None
+      if forms is None or len(forms) != len(groups):
+        raise ValueError(
+          f"forms must list one exchange form per group ({len(groups)}), "
+          f"got {self.forms!r}"
+        )
+      for g, form in enumerate(forms):
+        if form not in FORMS:
+          raise ValueError(f"forms[{g}] must be one of {FORMS}, got {form!r}")
+      object.__setattr__(self, "forms", forms)
+
+  def with_forms(self, forms: Sequence[str] | None) -> Plan:
+    """The same groups, exchanged in ``forms`` (one per group; ``None``: inner's own)."""
+    return Plan(self.groups, self.num_leaves, None if forms is None else tuple(forms))
 
   @property
   def order(self) -> tuple[int, ...]:
@@ -180,10 +205,11 @@ class Plan:
     return cls(groups, n)
 
   def to_json(self) -> str:
-    """``{"num_leaves": n, "groups": [[...], ...]}``."""
-    return json.dumps(
-      {"num_leaves": self.num_leaves, "groups": [list(g) for g in self.groups]}
-    )
+    """``{"num_leaves": n, "groups": [[...], ...]}``, and ``"forms"`` when set."""
+    data = {"num_leaves": self.num_leaves, "groups": [list(g) for g in self.groups]}
+    if self.forms is not None:
+      data["forms"] = list(self.forms)
+    return json.dumps(data)
 
   @classmethod
   def from_json(cls, text: str) -> Plan:
@@ -193,13 +219,15 @@ class Plan:
       ValueError: when ``text`` is not JSON, lacks a field, or is a bad plan.
     """
     data = json.loads(text)
-    if not isinstance(data, dict) or set(data) != {"num_leaves", "groups"}:
+    if not isinstance(data, dict) or set(data) - {"forms"} != {"num_leaves", "groups"}:
       raise ValueError(
-        "a plan is a JSON object with exactly the fields 'num_leaves' and "
-        f"'groups', got {text[:200]!r}"
+        "a plan is a JSON object with the fields 'num_leaves' and 'groups' "
+        f"(and optionally 'forms'), got {text[:200]!r}"
       )
     if not isinstance(data["groups"], list) or not all(
       isinstance(g, list) for g in data["groups"]
     ):
       raise ValueError(f"'groups' must be a list of lists, got {data['groups']!r}")
-    return cls(tuple(tuple(g) for g in data["groups"]), data["num_leaves"])
+    return cls(
+      tuple(tuple(g) for g in data["groups"]), data["num_leaves"], data.get("forms")
+    )

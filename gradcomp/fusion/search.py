@@ -318,7 +318,9 @@ def search_plan(
     eps: the heuristic's stopping tolerance.
 
   Returns:
-    The :class:`Plan` of the chosen partition, its groups in ``order``.
+    The :class:`Plan` of the chosen partition, its groups in ``order``; when
+    ``model`` prices several exchange forms, each group's form
+    (:meth:`CostModel.group_forms`) in :attr:`Plan.forms`.
 
   Examples:
     Leaves 3, 2, 1, 0 are ready in that order; leaf 3 holds 2^20 values and
@@ -350,4 +352,6 @@ def search_plan(
     boundaries = ()
   else:
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-  return Plan.from_boundaries(order, boundaries)
+  return Plan.from_boundaries(order, boundaries).with_forms(
+    model.group_forms(boundaries)
+  )

@@ -37,7 +37,7 @@ training alone (no compression, no exchange) at the same per-worker batch:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -140,6 +140,8 @@ class Timeline:
     comp_seconds, comm_seconds: per group ``Comp(x_i)`` and ``Comm(x_i)``.
     backward_seconds: ``beta``.
     overlap_seconds: ``sum p(x_i)``, exchange time hidden behind backprop.
+    forms: each group's exchange form, when the model prices several
+      (:meth:`CostModel.group_forms`); ``None`` otherwise.
 
   Examples:
     Two leaves of 1 s of backward each, compressed in 0.1 s and exchanged in
@@ -175,6 +177,7 @@ class Timeline:
   comm_seconds: tuple[float, ...]
   backward_seconds: float
   overlap_seconds: float
+  forms: tuple[str, ...] | None = None
 
 
 class CostModel:
@@ -185,6 +188,13 @@ class CostModel:
   ``Comp`` and ``Comm`` of every possible group are tabulated once, so a
   partition costs a handful of array operations and many partitions can be
   evaluated at once (:meth:`iteration_seconds`).
+
+  ``profile`` may map exchange forms to profiles, e.g. ``{"gather": p,
+  "scatter": q}`` for a quantizing codec's two forms (DESIGN §7): every
+  possible group is then priced in each form and takes the one of least
+  ``Comp + Comm`` (:meth:`group_forms`), so a plan may gather its small
+  groups (one latency per peer, small payloads) and scatter its large ones
+  (link bytes about twice the payload, whatever the worker count).
 
   Examples:
     Two leaves of 1 s of backward each, ``Comp = 0.1 s`` per group and
@@ -206,9 +216,36 @@ class CostModel:
     >>> serial = Cluster(2, bandwidth_gbps=0.032, latency_us=0.0, overlap=False)
     >>> CostModel(p, serial, w).iteration_seconds((1,)).round(6).tolist()
     [4.2]
+
+    Two forms: one that sends half the bytes but compresses in 0.7 s wins
+    the fused group of 2 * 10^6 values (0.7 + 1 s against 0.1 + 2 s), not a
+    group of one leaf (0.7 + 0.5 s against 0.1 + 1 s).
+
+    >>> half = dataclasses.replace(p, seconds=(0.7, 0.7),
+    ...   fused_seconds=(0.7, 0.7), wire_bytes={"all-reduce": (2e6, 4e6)})
+    >>> both = CostModel({"gather": p, "scatter": half}, c, w)
+    >>> both.group_forms(()), both.group_forms((1,))
+    (('scatter',), ('gather', 'gather'))
+    >>> [round(float(both.iteration_seconds(b)[0]), 6) for b in [(), (1,)]]
+    [3.7, 3.2]
   """
 
-  def __init__(self, profile: Profile, cluster: Cluster, workload: Workload):
+  def __init__(
+    self,
+    profile: Profile | Mapping[str, Profile],
+    cluster: Cluster,
+    workload: Workload,
+  ):
+    if isinstance(profile, Mapping):
+      if not profile or not all(isinstance(p, Profile) for p in profile.values()):
+        raise ValueError(
+          "profile must be a Profile or a non-empty mapping of exchange forms "
+          f"to Profiles, got {profile!r}"
+        )
+      self.forms: tuple[str, ...] | None = tuple(profile)
+      profiles = tuple(profile.values())
+    else:
+      self.forms, profiles = None, (profile,)
     self.profile, self.cluster, self.workload = profile, cluster, workload
     n = len(workload.sizes)
     self.num_leaves = n
@@ -216,10 +253,19 @@ class CostModel:
     self.backward_before = np.concatenate([[0.0], np.cumsum(workload.backward_seconds)])
     start, end = np.triu_indices(n + 1, k=1)
     size = self.values_before[end] - self.values_before[start]
+    comp = np.stack([p.comp_seconds(size, fused=(end - start) > 1) for p in profiles])
+    comm = np.stack([cluster.comm_seconds(p.wire(size)) for p in profiles])
+    # Each group takes the form of least Comp + Comm: the best one for that
+    # group alone, exact without overlap; with overlap a form with more Comp
+    # and less Comm could hide better, which this choice does not weigh.
+    pick = np.argmin(comp + comm, axis=0)
+    chosen = np.arange(len(size))
+    self.form_index = np.zeros((n + 1, n + 1), np.int64)
+    self.form_index[start, end] = pick
     self.comp = np.full((n + 1, n + 1), np.inf)
     self.comm = np.full((n + 1, n + 1), np.inf)
-    self.comp[start, end] = profile.comp_seconds(size, fused=(end - start) > 1)
-    self.comm[start, end] = cluster.comm_seconds(profile.wire(size))
+    self.comp[start, end] = comp[pick, chosen]
+    self.comm[start, end] = comm[pick, chosen]
     # What each group holds the compute stream and the link for.
     self.stream = self.comp if cluster.overlap else self.comp + self.comm
     self.link = (
@@ -233,6 +279,13 @@ class CostModel:
     starts = np.concatenate([np.zeros((m, 1), np.int64), b], axis=1)
     ends = np.concatenate([b, np.full((m, 1), self.num_leaves, np.int64)], axis=1)
     return starts, ends
+
+  def group_forms(self, boundaries) -> tuple[str, ...] | None:
+    """The exchange form each group of one partition takes (``None``: one profile)."""
+    if self.forms is None:
+      return None
+    starts, ends = (a[0] for a in self._bounds(boundaries))
+    return tuple(self.forms[i] for i in self.form_index[starts, ends])
 
   def iteration_seconds(self, boundaries) -> np.ndarray:
     """``T_n`` of each partition; ``boundaries`` is ``(y-1,)`` or ``(M, y-1)``.
@@ -292,4 +345,5 @@ class CostModel:
       comm_seconds=tuple(comm.tolist()),
       backward_seconds=float(sum(w.backward_seconds)),
       overlap_seconds=float(hidden),
+      forms=self.group_forms(boundaries),
     )
