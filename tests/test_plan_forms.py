@@ -187,3 +187,39 @@ def test_exchange_auto_errors():
   with pytest.raises(ValueError, match="exchange forms"):
     bad = dataclasses.replace(Plan.single((0,)), forms=("scatter",))
     layerfusion(gradcomp.topk(0.1), bad)
+
+
+def test_the_program_plans_forms_with_config_fusion_exchange(monkeypatch):
+  """``config.fusion.exchange="auto"``: the run's plan carries each group's
+  form, priced from both forms' profiles on the run's cluster."""
+  import ml_collections
+
+  from train import optimizer as optimizer_lib
+
+  inner = gradcomp.int_quantize(8, 16, axis_name="data")
+  profiles = _codec_profiles(inner)
+  by_label = {p.compressor: p for p in profiles.values()}
+  monkeypatch.setattr(
+    gradcomp.fusion, "profile_for", lambda tx, **_: by_label[label_of(tx)]
+  )
+  cfg = ml_collections.ConfigDict(
+    {"plan": "auto", "search": "optimal", "exchange": "auto"}
+  )
+  cluster = Cluster(8, bandwidth_gbps=8.0, latency_us=1.0)
+  sizes, order = (4096, 16), (1, 0)
+  plan = optimizer_lib.fusion_plan(cfg, order, sizes, inner, cluster=cluster)
+  want = fusion_search.search_plan(
+    CostModel(profiles, cluster, Workload((16, 4096), (0.0, 0.0))), order, "optimal"
+  )
+  assert plan == want and plan.forms is not None
+  cfg.exchange = "inner"
+  assert (
+    optimizer_lib.fusion_plan(cfg, order, sizes, inner, cluster=cluster).forms is None
+  )
+  cfg.plan = "single"
+  cfg.exchange = "auto"
+  with pytest.raises(ValueError, match="needs config.fusion.plan='auto'"):
+    optimizer_lib.fusion_plan(cfg, order, sizes, inner, cluster=cluster)
+  cfg.exchange = "scatter"
+  with pytest.raises(ValueError, match="config.fusion.exchange must be one of"):
+    optimizer_lib.fusion_plan(cfg, order, sizes, inner, cluster=cluster)

@@ -37,6 +37,8 @@ from train import mesh as mesh_lib
 
 #: Fields of ``config.compressor`` that are the program's, not the factory's.
 PROGRAM_FIELDS = ("hierarchical",)
+#: ``config.fusion.exchange``: the compressor's own form, or one per group.
+FUSION_EXCHANGES = ("inner", "auto")
 
 
 def compressor(cfg, axis_name: str | None) -> optax.GradientTransformation:
@@ -84,10 +86,22 @@ def _same_on_every_process(plan: gradcomp.Plan) -> gradcomp.Plan:
     return plan
   from jax.experimental import multihost_utils
 
+  # Per position in gradient order: 1 where a group starts; and each
+  # group's form (index into FORMS, -1 for none) at its first position.
   starts = np.zeros(plan.num_leaves, np.int32)
   starts[list(plan.boundaries)] = 1
-  starts = np.asarray(multihost_utils.broadcast_one_to_all(starts))
-  return gradcomp.Plan.from_boundaries(plan.order, np.flatnonzero(starts).tolist())
+  forms = np.full(plan.num_leaves, -1, np.int32)
+  if plan.forms is not None and plan.num_leaves:
+    firsts = [0, *plan.boundaries]
+    forms[firsts] = [gradcomp.fusion.FORMS.index(f) for f in plan.forms]
+  starts, forms = (
+    np.asarray(a) for a in multihost_utils.broadcast_one_to_all((starts, forms))
+  )
+  agreed = gradcomp.Plan.from_boundaries(plan.order, np.flatnonzero(starts).tolist())
+  if forms.size == 0 or forms[0] < 0:
+    return agreed
+  firsts = [0, *agreed.boundaries]
+  return agreed.with_forms([gradcomp.fusion.FORMS[i] for i in forms[firsts]])
 
 
 def num_workers(config) -> int:
@@ -158,8 +172,21 @@ def fusion_plan(
   (the checkpointed state is shaped by it), and with several processes all
   take process 0's (only process 0 profiles). ``"none"`` skips the wrapper
   (the compressor sees the parameter tree itself, in tree order).
+  ``cfg.exchange="auto"`` (with ``"auto"``) also gives each group its
+  exchange form, gathered or reduce-scattered, in :attr:`gradcomp.Plan.forms`
+  (``layerfusion(..., exchange="auto")``; a codec with an ``exchange=``
+  keyword); ``"inner"``: the compressor's own form everywhere.
   """
-  plan = cfg.plan
+  plan, exchange = cfg.plan, cfg.get("exchange", "inner")
+  if exchange not in FUSION_EXCHANGES:
+    raise ValueError(
+      f"config.fusion.exchange must be one of {FUSION_EXCHANGES}, got {exchange!r}"
+    )
+  if exchange == "auto" and plan != "auto":
+    raise ValueError(
+      "config.fusion.exchange='auto' chooses each group's form with the cost "
+      f"model: it needs config.fusion.plan='auto', got {plan!r}"
+    )
   if plan == "layerwise":
     return gradcomp.Plan.layerwise(order)
   if plan == "single":
@@ -175,6 +202,14 @@ def fusion_plan(
         profile = gradcomp.fusion.profile_for(
           inner, up_to=sum(sizes), workers=cluster.workers
         )
+        if exchange == "auto":  # both forms priced; each group takes one
+          in_form = gradcomp.fusion.in_forms(inner)
+          profile = {
+            form: gradcomp.fusion.profile_for(
+              in_form(form), up_to=sum(sizes), workers=cluster.workers
+            )
+            for form in gradcomp.fusion.FORMS
+          }
         saved = gradcomp.fusion.auto_plan(
           sizes, order, profile, cluster, method=cfg.search
         )

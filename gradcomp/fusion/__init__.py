@@ -11,6 +11,9 @@ or making one by hand:
 * :func:`heuristic_search`, :func:`optimal_search`, :func:`search_plan` and
   :func:`auto_plan` -- plans that minimise eq. 7 under a
   :class:`gradcomp.sim.CostModel` (§4.3).
+* :func:`in_forms` and :data:`FORMS` -- a codec in each of its exchange
+  forms, for plans whose groups are gathered or reduce-scattered
+  (:attr:`gradcomp.Plan.forms`, ``layerfusion(..., exchange="auto")``).
 * :func:`shard` and :func:`unshard` -- the per-device shards of
   ``gradcomp.hierarchical(..., gather=False)`` (ZeRO's layout), and back.
 
@@ -23,7 +26,9 @@ from gradcomp.fusion.hierarchical import HierarchicalState as HierarchicalState
 from gradcomp.fusion.hierarchical import shard as shard
 from gradcomp.fusion.hierarchical import unshard as unshard
 from gradcomp.fusion.layerfusion import auto_plan as auto_plan
+from gradcomp.fusion.layerfusion import in_forms as in_forms
 from gradcomp.fusion.order import gradient_order as gradient_order
+from gradcomp.fusion.plan import FORMS as FORMS
 from gradcomp.fusion.profiling import profile as profile
 from gradcomp.fusion.profiling import profile_for as profile_for
 from gradcomp.fusion.search import heuristic_search as heuristic_search
