@@ -20,6 +20,16 @@ FLOPs at ``--tflops`` (the total can be given with ``--backward-ms``).
     python -m gradcomp.fusion --model resnet50 --compressor none \\
         --workers 64 --allreduce best
 
+``--hierarchical`` plans ``gradcomp.hierarchical(<compressor over 'node'>,
+'local')`` on nodes of ``--workers-per-node`` devices (> 1): the compressor is
+profiled on the nodes, lifted (``Profile.hierarchical``), and each group's
+reduce-scatter (``--scatter-dtype``) and all-gather are priced inside a node
+at ``--intra-bandwidth-gbps``, its compressed exchange across the nodes, e.g.
+
+    python -m gradcomp.fusion --model gpt2_small --compressor topk --ratio 0.01 \\
+        --workers 128 --workers-per-node 8 --bandwidth-gbps 25 \\
+        --intra-bandwidth-gbps 7200 --hierarchical
+
 Leaf indices in the plan refer to ``jax.tree.leaves`` of the flat
 ``{name: array}`` tree of ``gradcomp.models.shapes.make_tree`` (names sorted);
 gradient-ready order is the reverse of the forward order.
@@ -35,6 +45,7 @@ import time
 
 from gradcomp.compressors import registry
 from gradcomp.fusion import search as fusion_search
+from gradcomp.fusion.hierarchical import hierarchical, hierarchical_spec_of
 from gradcomp.fusion.plan import Plan
 from gradcomp.fusion.profiling import profile
 from gradcomp.models import shapes
@@ -151,6 +162,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     "--intra-latency-us", type=float, default=DEFAULT_INTRA_LATENCY_US,
     help="hierarchical: intra-node latency per message",
   )  # fmt: skip
+  parser.add_argument(
+    "--hierarchical", action="store_true",
+    help="plan hierarchical(<compressor over 'node'>, 'local'): needs "
+    "--workers-per-node > 1",
+  )  # fmt: skip
+  parser.add_argument(
+    "--scatter-dtype", choices=("float32", "float16", "bfloat16"),
+    help="--hierarchical: the reduce-scatter's payload type inside a node "
+    "(default float32)",
+  )  # fmt: skip
   parser.add_argument("--batch-size", type=int, help="per worker; default Table 3's")
   parser.add_argument("--tflops", type=float, default=DEFAULT_TFLOPS)
   parser.add_argument("--backward-ms", type=float, help="total backward time")
@@ -194,6 +215,26 @@ def _links(cluster: Cluster) -> str:
   return text
 
 
+def _lifted(cluster: Cluster, args: argparse.Namespace) -> str:
+  """For the summary line: how a hierarchical compressor's profile was made."""
+  if not args.hierarchical:
+    return ""
+  g = cluster.workers_per_node
+  return f" as its inner on {cluster.workers // g} nodes, lifted to nodes of {g}"
+
+
+def _hierarchical(args: argparse.Namespace, hyperparameters: dict, cluster: Cluster):
+  """``hierarchical(<compressor over 'node'>, 'local')``, as the flags ask."""
+  g = cluster.workers_per_node
+  if g < 2 or cluster.workers % g:
+    raise ValueError(
+      f"--hierarchical needs --workers-per-node > 1 dividing --workers = "
+      f"{cluster.workers}, got {g}"
+    )
+  inner = registry.get(args.compressor, axis_name="node", **hyperparameters)
+  return hierarchical(inner, "local", scatter_dtype=args.scatter_dtype)
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   hyperparameters = dict(args.set)
@@ -201,8 +242,13 @@ def main(argv=None) -> int:
     if getattr(args, key) is not None:
       hyperparameters[key] = getattr(args, key)
   try:
-    tx = registry.get(args.compressor, **hyperparameters)
     cluster = cluster_of(args)
+    if args.hierarchical:
+      tx = _hierarchical(args, hyperparameters, cluster)
+    elif args.scatter_dtype is not None:
+      raise ValueError("--scatter-dtype goes with --hierarchical")
+    else:
+      tx = registry.get(args.compressor, **hyperparameters)
     work = model_workload(
       args.model, batch_size=args.batch_size, tflops=args.tflops,
       backward_ms=args.backward_ms,
@@ -210,12 +256,21 @@ def main(argv=None) -> int:
     if args.profile:
       measured = Profile.load(args.profile)
       measured.check_for(tx)
+      measured.check_cluster(cluster)
     else:
       print(
         f"measuring {args.compressor} at {len(DEFAULT_SIZES)} sizes ...",
         file=sys.stderr,
       )
-      measured = profile(tx, DEFAULT_SIZES, repeats=args.repeats)
+      if args.hierarchical:  # the inner on the nodes, lifted to the groups
+        g = cluster.workers_per_node
+        inner = profile(
+          hierarchical_spec_of(tx).inner, DEFAULT_SIZES, repeats=args.repeats,
+          workers=cluster.workers // g,
+        )  # fmt: skip
+        measured = inner.hierarchical(g, scatter_dtype=args.scatter_dtype)
+      else:
+        measured = profile(tx, DEFAULT_SIZES, repeats=args.repeats)
       if args.save_profile:
         measured.save(args.save_profile)
   except ValueError as e:
@@ -226,7 +281,8 @@ def main(argv=None) -> int:
   w = work.workload
   print(
     f"{args.model} ({len(w.sizes)} tensors, {sum(w.sizes):,} values), "
-    f"{measured.compressor} profiled on {measured.backend}, {cluster.workers} workers "
+    f"{measured.compressor} profiled on {measured.backend}{_lifted(cluster, args)}, "
+    f"{cluster.workers} workers "
     f"at {cluster.bandwidth_gbps:g} Gbps ({_links(cluster)}, {cluster.latency_us:g} us); "
     f"forward {w.forward_seconds * 1e3:.1f} ms + backward "
     f"{sum(w.backward_seconds) * 1e3:.1f} ms per step (T_1 = "

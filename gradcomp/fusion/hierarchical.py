@@ -22,11 +22,14 @@ casts to fp16 inside a machine and runs the real compressor between them):
    updates only its shard of the params).
 
 Shaped like ``layerfusion`` (a wrapper owning its inner's state), and
-composable with it in either order.
+composable with it in either order. :func:`hierarchical_spec_of` reads back
+how a transformation was built (its inner, fast axis, scatter type and
+gather), for the planner's profile (``profiling.profile_for``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -37,10 +40,69 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gradcomp.compressors import axes
-from gradcomp.compressors.spec import recorded
+from gradcomp.compressors.spec import recorded, spec_of
 from gradcomp.kernels import numerics
 
 SCATTER_DTYPES = (None, jnp.float32, jnp.float16, jnp.bfloat16)
+
+
+@dataclasses.dataclass(frozen=True)
+class HierarchicalSpec:
+  """How a :func:`hierarchical` transformation was built.
+
+  Attributes:
+    inner: the compressor run across the slow axes on each shard.
+    fast_axis: the mesh axis of the fast links.
+    scatter_dtype: the reduce-scatter's payload type, ``None`` for float32,
+      else ``jnp.dtype(float16)`` or ``jnp.dtype(bfloat16)``.
+    gather: whether the result is all-gathered over ``fast_axis``.
+  """
+
+  inner: optax.GradientTransformation
+  fast_axis: str
+  scatter_dtype: jnp.dtype | None
+  gather: bool
+
+
+def _scatter_dtype(scatter_dtype) -> jnp.dtype | None:
+  """``scatter_dtype`` checked and normalised: ``None`` for float32."""
+  if scatter_dtype is None:
+    return None
+  scatter_dtype = jnp.dtype(scatter_dtype)
+  if scatter_dtype not in {jnp.dtype(t) for t in SCATTER_DTYPES[1:]}:
+    raise ValueError(
+      f"scatter_dtype must be None, float32, float16 or bfloat16, got {scatter_dtype}"
+    )
+  return None if scatter_dtype == jnp.dtype(jnp.float32) else scatter_dtype
+
+
+def hierarchical_spec_of(tx: optax.GradientTransformation) -> HierarchicalSpec | None:
+  """The :class:`HierarchicalSpec` of a :func:`hierarchical` result, else ``None``.
+
+  Read from the arguments :func:`~gradcomp.compressors.spec.recorded` filed
+  when it was built (weakly, under its ``update``), so the wrapper itself is
+  unchanged.
+
+  Examples:
+    >>> import gradcomp, jax.numpy as jnp
+    >>> inner = gradcomp.topk(0.01, axis_name="node")
+    >>> tx = gradcomp.hierarchical(inner, "local", scatter_dtype=jnp.bfloat16)
+    >>> spec = hierarchical_spec_of(tx)
+    >>> spec.inner is inner, spec.fast_axis, spec.scatter_dtype.name, spec.gather
+    (True, 'local', 'bfloat16', True)
+    >>> hierarchical_spec_of(inner) is None
+    True
+  """
+  spec = spec_of(tx)
+  if spec is None or spec.factory is not hierarchical:
+    return None
+  args = dict(spec.arguments)
+  return HierarchicalSpec(
+    inner=args["inner"],
+    fast_axis=args["fast_axis"],
+    scatter_dtype=_scatter_dtype(args["scatter_dtype"]),
+    gather=args["gather"],
+  )
 
 
 class HierarchicalState(NamedTuple):
@@ -283,14 +345,7 @@ def hierarchical(
     raise ValueError(f"fast_axis must be a mesh axis name (a str), got {fast_axis!r}")
   if not isinstance(gather, bool):
     raise ValueError(f"gather must be True or False, got {gather!r}")
-  if scatter_dtype is not None:
-    scatter_dtype = jnp.dtype(scatter_dtype)
-    if scatter_dtype not in {jnp.dtype(t) for t in SCATTER_DTYPES[1:]}:
-      raise ValueError(
-        f"scatter_dtype must be None, float32, float16 or bfloat16, got {scatter_dtype}"
-      )
-    if scatter_dtype == jnp.dtype(jnp.float32):
-      scatter_dtype = None
+  scatter_dtype = _scatter_dtype(scatter_dtype)
   slow = axes.group_of(inner)
   if not slow:
     raise ValueError(

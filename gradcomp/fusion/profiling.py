@@ -7,6 +7,9 @@ one top-k over 25.6M values takes longer than over its 161 tensors).
 one buffer and on the same number of values fused from several leaves, and
 counts the bytes and messages each collective sends by tracing it on an
 abstract mesh; the result is a :class:`gradcomp.sim.profile.Profile`.
+For ``gradcomp.hierarchical(inner, ...)``, :func:`profile_for` measures
+``inner`` on the cluster's nodes and lifts its profile
+(``Profile.hierarchical``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 from gradcomp.compressors import registry
 from gradcomp.compressors import spec as spec_lib
 from gradcomp.fusion.fused import fused
+from gradcomp.fusion.hierarchical import hierarchical_spec_of, shard_size
 from gradcomp.fusion.plan import Plan
 from gradcomp.parallel.traced import traced_wire
 from gradcomp.parallel.workers import add_worker_axis, sharded_update
@@ -128,8 +132,9 @@ def profile(
     A :class:`Profile`.
 
   Raises:
-    ValueError: for bad sizes, ``devices`` or ``repeats``, an unknown name, or
-      a transformation not built by a gradcomp factory.
+    ValueError: for bad sizes, ``devices`` or ``repeats``, an unknown name, a
+      transformation not built by a gradcomp factory, or a
+      ``gradcomp.hierarchical`` one (see :func:`profile_for`).
 
   Examples:
     signSGD sends one bit per value: 64 values are 8 bytes, all-gathered in
@@ -163,6 +168,12 @@ def profile(
   else:
     tx = compressor
   label_of(tx)  # raises for a transformation gradcomp did not build
+  if hierarchical_spec_of(tx) is not None:
+    raise ValueError(
+      "profile measures one compressor; for hierarchical(inner, ...) use "
+      "profile_for(tx, workers=..., workers_per_node=...), or lift inner's "
+      "profile: profile(inner, workers=nodes).hierarchical(g)"
+    )
   spec = spec_lib.spec_of(tx)
   local = spec.build(axis_name=None)
   seconds, fused_seconds = [], []
@@ -202,12 +213,26 @@ def profile_for(
   sizes=AUTO_SIZES,
   up_to: int | None = None,
   workers: int = 2,
+  workers_per_node: int = 1,
 ) -> Profile:
   """:func:`profile` of ``tx`` on one device, measured once per process and sizes.
 
   With ``up_to``, only the sizes up to the first one that reaches ``up_to``
   are timed (a small model need not be timed at 2^24 values). ``workers``:
   the run's, which a reduce-scatter form's wire depends on.
+
+  For ``gradcomp.hierarchical(inner, fast_axis, ...)``, ``inner`` is profiled
+  on ``workers // workers_per_node`` workers (the nodes it exchanges across)
+  at ``sizes`` (now the shard sizes; ``up_to`` is divided by
+  ``workers_per_node`` too) and lifted with ``Profile.hierarchical`` to
+  groups of ``workers_per_node`` times those sizes. Any other ``tx``
+  exchanges over all ``workers`` on one flat axis: ``workers_per_node`` is
+  ignored.
+
+  Raises:
+    ValueError: a transformation gradcomp did not build, bad ``sizes``, or
+      for a hierarchical ``tx`` a ``workers_per_node`` that is not an integer
+      > 1 dividing ``workers``.
 
   Examples:
     Only 64 values are timed (the first size reaching 50), and a second call
@@ -219,8 +244,39 @@ def profile_for(
     ("signsgd(exchange='gather')", (64,), {'all-gather': (8,)})
     >>> profile_for(gradcomp.signsgd(), (64, 4096, 2**20), up_to=64) is p
     True
+
+    signSGD inside ``hierarchical`` on 4 nodes of 8: shards of 64 values
+    (512 per group), 8 bytes of signs gathered across the nodes.
+
+    >>> tx = gradcomp.hierarchical(gradcomp.signsgd(axis_name="node"), "local")
+    >>> h = profile_for(tx, (64,), workers=32, workers_per_node=8)
+    >>> h.sizes, h.workers, h.wire_bytes["all-gather@slow"]
+    ((512,), 32, (8,))
   """
   sizes = validated_sizes(sizes)
+  hier = hierarchical_spec_of(tx)
+  if hier is not None:
+    if (
+      isinstance(workers_per_node, bool)
+      or not isinstance(workers_per_node, int)
+      or workers_per_node < 2
+      or isinstance(workers, bool)
+      or not isinstance(workers, int)
+      or workers % workers_per_node
+    ):
+      raise ValueError(
+        f"a hierarchical compressor exchanges inside nodes and across them: "
+        f"workers_per_node must be an integer > 1 dividing workers = {workers!r}, "
+        f"got workers_per_node={workers_per_node!r}"
+      )
+    g = workers_per_node
+    inner = profile_for(
+      hier.inner,
+      sizes,
+      None if up_to is None else shard_size(up_to, g),
+      workers // g,
+    )
+    return inner.hierarchical(g, scatter_dtype=hier.scatter_dtype, gather=hier.gather)
   if up_to is not None:
     reach = next((s for s in sizes if s >= up_to), sizes[-1])
     sizes = tuple(s for s in sizes if s <= reach)

@@ -57,6 +57,14 @@ sharded or co-located servers use ``allreduce="sharded_parameter_server"``
 ``alpha`` counts once per collective the compressor issues (a two-round
 compressor pays it twice). One worker exchanges nothing.
 
+**Two link classes** (DESIGN §7). A profile's wire key may also name a link:
+``"<kind>@fast"`` is a ring over the ``workers_per_node`` devices of a node
+on the intra-node link, ``"<kind>@slow"`` a ring over the nodes on the
+cluster's link (:meth:`Cluster.link_seconds`), as
+``gradcomp.hierarchical``'s reduce-scatter, inner exchange and all-gather
+run; :meth:`Cluster.axis_seconds` prices a program's traced collectives
+the same way.
+
 ``overlap`` says whether an exchange can proceed while the worker computes:
 true for a network with its own engine (a NIC, NCCL's copy engines), false
 when the worker's own cores move the bytes, as between the virtual CPU devices
@@ -91,6 +99,7 @@ import numbers
 
 import numpy as np
 
+from gradcomp.parallel.wire import COLLECTIVES, link_factor
 from gradcomp.sim import collectives
 
 TOPOLOGIES = ("ring", "parameter_server")
@@ -105,6 +114,10 @@ DEFAULT_INTRA_LATENCY_US = 5.0
 #: Training throughput of a speed-1.0 worker, FLOP/s: ``model_workload``'s
 #: ``DEFAULT_TFLOPS`` (about half a V100's 15.7 TFLOP/s fp32 peak, paper 000 §5).
 DEFAULT_FLOPS_PER_SECOND = 8e12
+#: The link classes a wire key may name after its kind: ``"all-gather@slow"``
+#: is a ring across nodes, ``"reduce-scatter@fast"`` one inside a node
+#: (:meth:`Cluster.link_seconds`).
+LINKS = ("fast", "slow")
 
 
 def _is_int(value) -> bool:
@@ -116,6 +129,43 @@ def _is_real(value) -> bool:
   if isinstance(value, np.ndarray) and value.ndim == 0:
     return value.dtype.kind in "iuf"
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def split_wire_key(key: str) -> tuple[str, str | None]:
+  """``(kind, link class or None)`` of a wire key such as ``"all-gather@slow"``.
+
+  Raises:
+    ValueError: the kind is no collective of
+      :data:`gradcomp.parallel.wire.COLLECTIVES`, or the suffix no link
+      class of :data:`LINKS`; the message names the key.
+  """
+  kind, at, link = str(key).partition("@")
+  if kind not in COLLECTIVES:
+    raise ValueError(
+      f"unknown collective kind {kind!r} in wire key {key!r}; use one of "
+      f"{COLLECTIVES}, optionally with '@fast' or '@slow'"
+    )
+  if at and link not in LINKS:
+    raise ValueError(
+      f"unknown link class {link!r} in wire key {key!r}; use one of {LINKS}"
+    )
+  return kind, (link if at else None)
+
+
+def _ring_seconds(kind: str, group: int, nbytes, messages, gbps, latency_us):
+  """``messages`` ring collectives of ``kind`` over ``group`` devices, ``nbytes`` in all.
+
+  One latency per ring step (``2 (group - 1)`` for an all-reduce, 1 for a
+  permute, ``group - 1`` otherwise) per collective, and the operand bytes
+  times :func:`~gradcomp.parallel.wire.link_factor` at the link's bandwidth;
+  0 for a group of one. The price of :meth:`Cluster.axis_seconds` and of
+  ``"<kind>@fast"`` / ``"<kind>@slow"`` wire keys.
+  """
+  if group <= 1:
+    return np.zeros(np.broadcast(nbytes, messages).shape)
+  steps = {"all-reduce": 2 * (group - 1), "collective-permute": 1}.get(kind, group - 1)
+  link_bytes = nbytes * link_factor(kind, group)
+  return messages * steps * (latency_us * 1e-6) + link_bytes * 8.0 / (gbps * 1e9)
 
 
 def _check_step(step) -> None:
@@ -557,24 +607,79 @@ class Cluster:
     fast = set(fast_axes)
     total = 0.0
     for r in records:
-      if r.group <= 1:
-        continue
       inside = r.axes is not None and set(r.axes) <= fast
       gbps = self.intra_bandwidth_gbps if inside else self.bandwidth_gbps
-      alpha = (self.intra_latency_us if inside else self.latency_us) * 1e-6
-      steps = {"all-reduce": 2 * (r.group - 1), "collective-permute": 1}.get(
-        r.kind, r.group - 1
+      latency_us = self.intra_latency_us if inside else self.latency_us
+      total += float(
+        _ring_seconds(r.kind, r.group, r.operand_bytes, 1, gbps, latency_us)
       )
-      total += steps * alpha + r.link_bytes * 8.0 / (gbps * 1e9)
     return total
 
-  def comm_seconds(self, wire: dict) -> np.ndarray:
-    """``Comm(x)``: the sum over kinds of :meth:`exchange_seconds`.
+  def link_seconds(self, key: str, nbytes, messages=1) -> np.ndarray:
+    """Seconds of a profile's wire key: a collective kind, or one on a link class.
+
+    ``"<kind>"`` runs over all ``workers`` on the cluster's link
+    (:meth:`exchange_seconds`). ``"<kind>@fast"`` is a ring over the
+    ``workers_per_node`` devices of a node on the intra-node link
+    (``intra_bandwidth_gbps``, ``intra_latency_us``); ``"<kind>@slow"`` a
+    ring over the ``workers / workers_per_node`` nodes on the cluster's link,
+    whatever ``topology`` and ``allreduce`` say (the two hops of
+    ``gradcomp.hierarchical``, priced as :meth:`axis_seconds` prices them).
 
     Args:
-      wire: ``{kind: (bytes, messages)}``, e.g. ``Profile.wire(size)``.
+      key: the wire key (``Profile.wire_bytes``' keys).
+      nbytes: operand bytes one worker contributes, over all the collectives;
+        arrays broadcast.
+      messages: how many collectives carry them (each pays its latencies).
+
+    Raises:
+      ValueError: an unknown kind or link class, or a link class on a
+        cluster without nodes (``workers_per_node`` 1, or not dividing
+        ``workers``).
+
+    Examples:
+      A 1 MB reduce-scatter inside nodes of 8 at 800 Gbit/s and 5 us (7
+      steps, 7/8 MB over links: 35 + 8.75 us), then 0.1 MB all-gathered
+      across 4 nodes at 8 Gbit/s and 25 us (3 steps, 0.3 MB: 75 + 300 us):
+
+      >>> c = Cluster(32, bandwidth_gbps=8.0, latency_us=25.0, workers_per_node=8,
+      ...             intra_bandwidth_gbps=800.0, intra_latency_us=5.0)
+      >>> round(float(c.link_seconds("reduce-scatter@fast", 1e6)) * 1e6, 3)
+      43.75
+      >>> round(float(c.link_seconds("all-gather@slow", 1e5)) * 1e6, 3)
+      375.0
+    """
+    kind, link = split_wire_key(key)
+    if link is None:
+      return self.exchange_seconds(kind, nbytes, messages)
+    g = self.workers_per_node
+    if g == 1 or self.workers % g:
+      raise ValueError(
+        f"wire key {key!r} prices a ring {'inside' if link == 'fast' else 'across'} "
+        f"nodes, but this cluster has workers_per_node={g} for {self.workers} "
+        f"workers: the profile was made for nodes of g > 1 devices, so the "
+        f"cluster needs workers_per_node=g, dividing workers "
+        f"(Profile.check_cluster names g)"
+      )
+    nbytes = np.asarray(nbytes, np.float64)
+    messages = np.asarray(messages, np.float64)
+    if link == "fast":
+      return _ring_seconds(
+        kind, g, nbytes, messages, self.intra_bandwidth_gbps, self.intra_latency_us
+      )
+    return _ring_seconds(
+      kind, self.workers // g, nbytes, messages, self.bandwidth_gbps, self.latency_us
+    )
+
+  def comm_seconds(self, wire: dict) -> np.ndarray:
+    """``Comm(x)``: the sum over wire keys of :meth:`link_seconds`.
+
+    Args:
+      wire: ``{key: (bytes, messages)}``, e.g. ``Profile.wire(size)``: a
+        collective kind over all workers (:meth:`exchange_seconds`), or
+        ``"<kind>@fast"`` / ``"<kind>@slow"``, a ring inside or across nodes.
     """
     total = 0.0
-    for kind, (nbytes, messages) in wire.items():
-      total = total + self.exchange_seconds(kind, nbytes, messages)
+    for key, (nbytes, messages) in wire.items():
+      total = total + self.link_seconds(key, nbytes, messages)
     return np.asarray(total, np.float64)
