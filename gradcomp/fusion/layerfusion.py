@@ -113,11 +113,19 @@ def in_forms(inner: optax.GradientTransformation):
   return build
 
 
-def _form_profiles(inner, profile, workers: int) -> dict[str, Profile]:
+def _measured(tx, cluster: Cluster) -> Profile:
+  """``tx``'s profile for ``cluster``: its wire traced on the cluster's
+  workers, a ``hierarchical`` one's lifted to its nodes (two link classes)."""
+  return profiling.profile_for(
+    tx, workers=cluster.workers, workers_per_node=cluster.workers_per_node
+  )
+
+
+def _form_profiles(inner, profile, cluster: Cluster) -> dict[str, Profile]:
   """``{form: profile}`` for ``exchange="auto"``: given, checked, or measured."""
   build = in_forms(inner)
   if profile is None:
-    return {f: profiling.profile_for(build(f), workers=workers) for f in FORMS}
+    return {f: _measured(build(f), cluster) for f in FORMS}
   if not isinstance(profile, Mapping) or set(profile) != set(FORMS):
     raise ValueError(
       f'with exchange="auto", profile must map each form {FORMS} to its Profile, '
@@ -264,10 +272,10 @@ def layerfusion(
   if plan == "auto" and cluster is None:
     planned_on = Cluster(workers=jax.device_count())
   if exchange == "auto":
-    profile = _form_profiles(inner, profile, planned_on.workers)
+    profile = _form_profiles(inner, profile, planned_on)
   elif plan == "auto":
     if profile is None:
-      profile = profiling.profile_for(inner, workers=planned_on.workers)
+      profile = _measured(inner, planned_on)
     elif spec is not None:
       profile.check_for(inner)
   auto_plans: dict[tuple[int, ...], Plan] = {}

@@ -246,6 +246,8 @@ class CostModel:
       profiles = tuple(profile.values())
     else:
       self.forms, profiles = None, (profile,)
+    for p in profiles:  # a profile priced on two link classes fits one shape
+      p.check_cluster(cluster)
     self.profile, self.cluster, self.workload = profile, cluster, workload
     n = len(workload.sizes)
     self.num_leaves = n
