@@ -113,6 +113,45 @@ def test_cost_model_picks_the_best_form_per_group_exactly_without_overlap():
   assert plan.forms == forms and plan.boundaries == boundaries
 
 
+def test_with_overlap_the_searches_weigh_what_each_form_hides():
+  """With overlap a form's extra Comp delays the backward while its smaller
+  Comm may hide: the DP over partitions and forms equals every partition
+  and assignment timed by the model, and the heuristic is never slower
+  than one form throughout."""
+  inner = gradcomp.int_quantize(8, 16, axis_name="data")
+  profiles = _codec_profiles(inner)
+  cluster = Cluster(16, bandwidth_gbps=10.0, latency_us=2.0)
+  rng = np.random.default_rng(1)
+  n = 6
+  sizes = tuple(int(s) for s in rng.integers(100, 8000, n))
+  work = Workload(sizes, tuple(rng.uniform(1e-5, 3e-4, n)), 3e-5, 1e-5)
+  model = CostModel(profiles, cluster, work)
+  best = np.inf
+  for y in range(n):
+    for cuts in itertools.combinations(range(1, n), y):
+      assignments = np.array(list(itertools.product(range(2), repeat=y + 1)))
+      rows = np.broadcast_to(np.array(cuts, np.int64), (len(assignments), y))
+      best = min(best, float(model.iteration_seconds(rows, assignments).min()))
+  plan = fusion_search.search_plan(model, range(n), "optimal")
+  np.testing.assert_allclose(model.timeline(plan).iteration_seconds, best, rtol=1e-12)
+  np.testing.assert_allclose(fusion_search.optimal_search(model)[1], best, rtol=1e-12)
+  heuristic = model.timeline(
+    fusion_search.search_plan(model, range(n))
+  ).iteration_seconds
+  for p in profiles.values():
+    alone = CostModel(p, cluster, work)
+    assert heuristic <= fusion_search.heuristic_search(alone)[1] * (1 + 1e-12)
+  for b in [(), tuple(range(1, n))]:
+    forms, seconds = model.best_forms(b)
+    assert seconds <= model.iteration_seconds(b)[0] * (1 + 1e-12)
+    assert (
+      seconds
+      == model.timeline(
+        Plan.from_boundaries(range(n), b).with_forms(forms)
+      ).iteration_seconds
+    )
+
+
 def test_small_groups_gather_and_large_groups_scatter():
   """The closed form's crossing: scatter pays 7 more latencies and saves 5.25
   bytes' time per value on 8 workers, so groups above ``7 alpha / (5.25
@@ -223,3 +262,20 @@ def test_the_program_plans_forms_with_config_fusion_exchange(monkeypatch):
   cfg.exchange = "scatter"
   with pytest.raises(ValueError, match="config.fusion.exchange must be one of"):
     optimizer_lib.fusion_plan(cfg, order, sizes, inner, cluster=cluster)
+
+
+def test_the_command_line_plans_forms(monkeypatch, tmp_path, capsys):
+  from gradcomp.fusion import cli
+
+  inner = gradcomp.int_quantize(8, 16)
+  by_label = {p.compressor: p for p in _codec_profiles(inner).values()}
+  monkeypatch.setattr(cli, "profile", lambda tx, *_, **__: by_label[label_of(tx)])
+  out = tmp_path / "plan.json"
+  argv = ["--model", "resnet20", "--compressor", "int_quantize", "--set", "bits=8"]
+  argv += ["--set", "block_size=16", "--workers", "64", "--exchange", "auto"]
+  assert cli.main([*argv, "--out", str(out)]) == 0
+  printed = capsys.readouterr().out
+  assert "| scattered |" in printed and "every group in the scatter form" in printed
+  assert Plan.from_json(out.read_text()).forms is not None
+  assert cli.main([*argv, "--profile", str(out)]) == 2
+  assert "--exchange auto measures both" in capsys.readouterr().err

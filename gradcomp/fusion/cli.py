@@ -46,7 +46,8 @@ import time
 from gradcomp.compressors import registry
 from gradcomp.fusion import search as fusion_search
 from gradcomp.fusion.hierarchical import hierarchical, hierarchical_spec_of
-from gradcomp.fusion.plan import Plan
+from gradcomp.fusion.layerfusion import in_forms
+from gradcomp.fusion.plan import FORMS, Plan
 from gradcomp.fusion.profiling import profile
 from gradcomp.models import shapes
 from gradcomp.sim.cluster import (
@@ -101,14 +102,19 @@ def compare_plans(
 
 
 def markdown(rows: list[PlanRow]) -> str:
+  """The rows as a Markdown table; with exchange forms, how many groups scatter."""
+  forms = any(r.plan.forms is not None for r in rows)
   lines = [
-    "| plan | groups | iteration ms | scaling factor | Comp ms | Comm ms | hidden ms | search ms |",
-    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    "| plan | groups | iteration ms | scaling factor | Comp ms | Comm ms | hidden ms "
+    f"| search ms |{' scattered |' if forms else ''}",
+    f"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |{' ---: |' if forms else ''}",
   ]
   for r in rows:
+    scattered = f" {(r.plan.forms or ()).count('scatter')} |" if forms else ""
     lines.append(
       f"| {r.method} | {r.groups} | {r.iteration_ms:.2f} | {r.scaling_factor:.3f} "
       f"| {r.comp_ms:.2f} | {r.comm_ms:.2f} | {r.overlap_ms:.2f} | {r.search_ms:.1f} |"
+      + scattered
     )
   return "\n".join(lines)
 
@@ -171,6 +177,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     "--scatter-dtype", choices=("float32", "float16", "bfloat16"),
     help="--hierarchical: the reduce-scatter's payload type inside a node "
     "(default float32)",
+  )  # fmt: skip
+  parser.add_argument(
+    "--exchange", choices=("inner", "auto"), default="inner",
+    help="auto: price the codec's gather and scatter forms and give each "
+    "group the cheaper (a codec with an exchange= keyword)",
   )  # fmt: skip
   parser.add_argument("--batch-size", type=int, help="per worker; default Table 3's")
   parser.add_argument("--tflops", type=float, default=DEFAULT_TFLOPS)
@@ -235,6 +246,12 @@ def _hierarchical(args: argparse.Namespace, hyperparameters: dict, cluster: Clus
   return hierarchical(inner, "local", scatter_dtype=args.scatter_dtype)
 
 
+def _forms(tx) -> dict:
+  """``{form: tx in that form}`` for ``--exchange auto``."""
+  build = in_forms(tx)
+  return {form: build(form) for form in FORMS}
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   hyperparameters = dict(args.set)
@@ -253,6 +270,13 @@ def main(argv=None) -> int:
       args.model, batch_size=args.batch_size, tflops=args.tflops,
       backward_ms=args.backward_ms,
     )  # fmt: skip
+    if args.exchange == "auto" and (args.profile or args.save_profile):
+      raise ValueError(
+        "--exchange auto measures both forms' profiles now: drop --profile / "
+        "--save-profile"
+      )
+    if args.exchange == "auto" and args.hierarchical:
+      raise ValueError("--exchange auto plans a flat codec's forms, not --hierarchical")
     if args.profile:
       measured = Profile.load(args.profile)
       measured.check_for(tx)
@@ -269,8 +293,17 @@ def main(argv=None) -> int:
           workers=cluster.workers // g,
         )  # fmt: skip
         measured = inner.hierarchical(g, scatter_dtype=args.scatter_dtype)
+      elif args.exchange == "auto":
+        measured = {
+          form: profile(
+            tx_form, DEFAULT_SIZES, repeats=args.repeats, workers=cluster.workers
+          )
+          for form, tx_form in _forms(tx).items()
+        }
       else:
-        measured = profile(tx, DEFAULT_SIZES, repeats=args.repeats)
+        measured = profile(
+          tx, DEFAULT_SIZES, repeats=args.repeats, workers=cluster.workers
+        )
       if args.save_profile:
         measured.save(args.save_profile)
   except ValueError as e:
@@ -279,9 +312,15 @@ def main(argv=None) -> int:
   model = CostModel(measured, cluster, work.workload)
   rows = compare_plans(model, work.order, eps=args.eps)
   w = work.workload
+  one = next(iter(measured.values())) if isinstance(measured, dict) else measured
+  label = (
+    "both forms of " + one.compressor
+    if isinstance(measured, dict)
+    else (one.compressor)
+  )
   print(
     f"{args.model} ({len(w.sizes)} tensors, {sum(w.sizes):,} values), "
-    f"{measured.compressor} profiled on {measured.backend}{_lifted(cluster, args)}, "
+    f"{label} profiled on {one.backend}{_lifted(cluster, args)}, "
     f"{cluster.workers} workers "
     f"at {cluster.bandwidth_gbps:g} Gbps ({_links(cluster)}, {cluster.latency_us:g} us); "
     f"forward {w.forward_seconds * 1e3:.1f} ms + backward "
@@ -289,6 +328,12 @@ def main(argv=None) -> int:
     f"{w.single_worker_seconds * 1e3:.1f} ms)\n"
   )
   print(markdown(rows))
+  if isinstance(measured, dict):
+    print()
+    for form, p in measured.items():
+      alone = CostModel(p, cluster, work.workload)
+      seconds = fusion_search.heuristic_search(alone, args.eps)[1]
+      print(f"every group in the {form} form: heuristic plan {seconds * 1e3:.2f} ms")
   heuristic = next(r for r in rows if r.method == "heuristic")
   with open(args.out, "w") as f:
     f.write(heuristic.plan.to_json())

@@ -226,6 +226,9 @@ def optimal_search(model: CostModel) -> tuple[tuple[int, ...], float]:
   ``[i, k)`` maps ``(K, L)`` to ``(K + b(i, k) + Comp, max(K', L) + Comm)``
   (``Comp + Comm`` and ``0`` on a cluster without overlap),
   monotone in both, so a dominated prefix never leads to the optimum.
+  With several exchange forms (``CostModel.forms``) each form of a group is
+  one more such extension, so the optimum is over partitions and forms
+  together (:func:`search_plan` returns the forms in the plan).
 
   Returns:
     ``(boundaries, predicted iteration seconds)``.
@@ -253,41 +256,72 @@ def optimal_search(model: CostModel) -> tuple[tuple[int, ...], float]:
     single 15.665
     layerwise 14.367
   """
+  boundaries, _, seconds = _pareto_search(model)
+  return boundaries, seconds
+
+
+def _pareto_search(model: CostModel):
+  """:func:`optimal_search`, over every form of each group when the model has
+  several: each form is one more way to extend a prefix, so the fronts stay
+  exact. Returns ``(boundaries, form indices or None, seconds)``."""
   n = model.num_leaves
+  if model.forms is None:
+    ways = [(model.stream, model.link)]
+  else:
+    ways = list(zip(model.form_stream, model.form_link, strict=True))
   start_clock = model.workload.forward_seconds
-  # fronts[i]: arrays K, L, parent prefix end, parent index in its front.
+  # fronts[i]: arrays K, L, parent prefix end, parent index in its front, form.
   pending: list[list[tuple[np.ndarray, ...]]] = [[] for _ in range(n + 1)]
   pending[0].append(
-    (np.array([start_clock]), np.array([0.0]), np.array([-1]), np.array([-1]))
+    (
+      np.array([start_clock]),
+      np.array([0.0]),
+      np.array([-1]),
+      np.array([-1]),
+      np.array([-1]),
+    )
   )
   fronts: list[tuple[np.ndarray, ...] | None] = [None] * (n + 1)
   for i in range(n + 1):
-    k_, l_, parent, index = (
+    k_, l_, parent, index, form = (
       np.concatenate(parts) for parts in zip(*pending[i], strict=True)
     )
     order = np.lexsort((l_, k_))  # by K, then L
-    k_, l_, parent, index = k_[order], l_[order], parent[order], index[order]
+    k_, l_, parent, index, form = (a[order] for a in (k_, l_, parent, index, form))
     keep = l_ < np.minimum.accumulate(np.concatenate([[np.inf], l_[:-1]]))
-    fronts[i] = (k_[keep], l_[keep], parent[keep], index[keep])
+    fronts[i] = (k_[keep], l_[keep], parent[keep], index[keep], form[keep])
     pending[i] = []
     if i == n:
       break
     k_f, l_f = fronts[i][0], fronts[i][1]
     ends = np.arange(i + 1, n + 1)
     work = model.backward_before[ends] - model.backward_before[i]
-    k_new = k_f[:, None] + work[None, :] + model.stream[i, ends][None, :]
-    l_new = np.maximum(k_new, l_f[:, None]) + model.link[i, ends][None, :]
     members = np.arange(len(k_f))
-    for j, end in enumerate(ends):
-      pending[end].append((k_new[:, j], l_new[:, j], np.full(len(k_f), i), members))
-  k_n, l_n, parent, index = fronts[n]
+    for f, (stream, link) in enumerate(ways):
+      k_new = k_f[:, None] + work[None, :] + stream[i, ends][None, :]
+      l_new = np.maximum(k_new, l_f[:, None]) + link[i, ends][None, :]
+      for j, end in enumerate(ends):
+        pending[end].append(
+          (
+            k_new[:, j],
+            l_new[:, j],
+            np.full(len(k_f), i),
+            members,
+            np.full(len(k_f), f),
+          )
+        )
+  l_n = fronts[n][1]
   best = int(np.argmin(l_n))
   seconds = float(l_n[best]) + model.workload.update_seconds
-  cuts, at, member = [], int(parent[best]), int(index[best])
+  cuts, forms, at, member = [], [], n, best
   while at > 0:
-    cuts.append(at)
-    at, member = int(fronts[at][2][member]), int(fronts[at][3][member])
-  return tuple(reversed(cuts)), seconds
+    _, _, parent, index, form = fronts[at]
+    forms.append(int(form[member]))
+    at, member = int(parent[member]), int(index[member])
+    if at > 0:
+      cuts.append(at)
+  forms = None if model.forms is None else tuple(reversed(forms))
+  return tuple(reversed(cuts)), forms, seconds
 
 
 def brute_force_search(model: CostModel) -> tuple[tuple[int, ...], float]:
@@ -342,16 +376,33 @@ def search_plan(
   order = tuple(order)
   if len(order) != model.num_leaves:
     raise ValueError(f"order has {len(order)} leaves, the model {model.num_leaves}")
-  if method == "heuristic":
-    boundaries, _ = heuristic_search(model, eps)
-  elif method == "optimal":
-    boundaries, _ = optimal_search(model)
-  elif method == "layerwise":
-    boundaries = tuple(range(1, len(order)))
-  elif method == "single":
-    boundaries = ()
-  else:
+  if method not in METHODS:
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-  return Plan.from_boundaries(order, boundaries).with_forms(
-    model.group_forms(boundaries)
-  )
+  forms = None
+  if method == "optimal":
+    boundaries, indices, _ = _pareto_search(model)
+    if indices is not None:
+      forms = tuple(model.forms[i] for i in indices)
+  elif method == "heuristic" and model.forms is not None:
+    boundaries, forms = _heuristic_with_forms(model, eps)
+  elif method == "heuristic":
+    boundaries, _ = heuristic_search(model, eps)
+  else:
+    boundaries = tuple(range(1, len(order))) if method == "layerwise" else ()
+    if model.forms is not None:
+      forms, _ = model.best_forms(boundaries)
+  return Plan.from_boundaries(order, boundaries).with_forms(forms)
+
+
+def _heuristic_with_forms(model: CostModel, eps: float):
+  """The heuristic with exchange forms: the partitions it finds with each
+  group's least-``Comp + Comm`` form and with every form throughout, each
+  given its forms by :meth:`CostModel.best_forms`; the fastest is kept (so
+  never slower than one form throughout)."""
+  candidates = [heuristic_search(model, eps)[0]]
+  for form in model.forms:
+    alone = CostModel(model.profile[form], model.cluster, model.workload)
+    candidates.append(heuristic_search(alone, eps)[0])
+  scored = [(model.best_forms(b), b) for b in dict.fromkeys(candidates)]
+  (forms, _), boundaries = min(scored, key=lambda c: c[0][1])
+  return boundaries, forms

@@ -257,22 +257,25 @@ class CostModel:
     size = self.values_before[end] - self.values_before[start]
     comp = np.stack([p.comp_seconds(size, fused=(end - start) > 1) for p in profiles])
     comm = np.stack([cluster.comm_seconds(p.wire(size)) for p in profiles])
-    # Each group takes the form of least Comp + Comm: the best one for that
-    # group alone, exact without overlap; with overlap a form with more Comp
-    # and less Comm could hide better, which this choice does not weigh.
-    pick = np.argmin(comp + comm, axis=0)
-    chosen = np.arange(len(size))
+    # Per form f, group [i, j): form_comp[f, i, j] and form_comm[f, i, j];
+    # what it holds the compute stream and the link for (on a cluster
+    # without overlap the exchange runs on the compute stream).
+    shape = (len(profiles), n + 1, n + 1)
+    self.form_comp, self.form_comm = np.full(shape, np.inf), np.full(shape, np.inf)
+    self.form_comp[:, start, end], self.form_comm[:, start, end] = comp, comm
+    if cluster.overlap:
+      self.form_stream, self.form_link = self.form_comp, self.form_comm
+    else:
+      self.form_stream = self.form_comp + self.form_comm
+      self.form_link = np.where(np.isinf(self.form_comm), np.inf, 0.0)
+    # By default each group takes the form of least Comp + Comm (exact
+    # without overlap; with it, :meth:`best_forms` and the searches weigh
+    # what each form hides).
     self.form_index = np.zeros((n + 1, n + 1), np.int64)
-    self.form_index[start, end] = pick
-    self.comp = np.full((n + 1, n + 1), np.inf)
-    self.comm = np.full((n + 1, n + 1), np.inf)
-    self.comp[start, end] = comp[pick, chosen]
-    self.comm[start, end] = comm[pick, chosen]
-    # What each group holds the compute stream and the link for.
-    self.stream = self.comp if cluster.overlap else self.comp + self.comm
-    self.link = (
-      self.comm if cluster.overlap else np.where(np.isinf(self.comm), np.inf, 0.0)
-    )
+    self.form_index[start, end] = np.argmin(comp + comm, axis=0)
+    at = (self.form_index, *np.indices((n + 1, n + 1)))
+    self.comp, self.comm = self.form_comp[at], self.form_comm[at]
+    self.stream, self.link = self.form_stream[at], self.form_link[at]
 
   def _bounds(self, boundaries) -> tuple[np.ndarray, np.ndarray]:
     b = np.asarray(boundaries, np.int64)
@@ -283,20 +286,36 @@ class CostModel:
     return starts, ends
 
   def group_forms(self, boundaries) -> tuple[str, ...] | None:
-    """The exchange form each group of one partition takes (``None``: one profile)."""
+    """Each group's form of least ``Comp + Comm`` (``None``: one profile)."""
     if self.forms is None:
       return None
     starts, ends = (a[0] for a in self._bounds(boundaries))
     return tuple(self.forms[i] for i in self.form_index[starts, ends])
 
-  def iteration_seconds(self, boundaries) -> np.ndarray:
+  def form_indices(self, forms) -> np.ndarray:
+    """Form names (one per group, or rows of them) as indices into :attr:`forms`."""
+    if self.forms is None:
+      raise ValueError("this model prices one profile: it has no exchange forms")
+    names = np.asarray(forms, object)
+    unknown = set(names.ravel()) - set(self.forms)
+    if unknown:
+      raise ValueError(f"forms {sorted(unknown)} are not among {self.forms}")
+    return np.vectorize(self.forms.index, otypes=[np.int64])(names)
+
+  def iteration_seconds(self, boundaries, forms=None) -> np.ndarray:
     """``T_n`` of each partition; ``boundaries`` is ``(y-1,)`` or ``(M, y-1)``.
+
+    ``forms``: each group's form index (into :attr:`forms`), ``(y,)`` or
+    ``(M, y)``; ``None``: the form of least ``Comp + Comm`` per group.
 
     Returns an array of shape ``(M,)`` (``(1,)`` for one partition).
     """
     starts, ends = self._bounds(boundaries)
-    stream = self.stream[starts, ends]
-    link = self.link[starts, ends]
+    if forms is None:
+      stream, link = self.stream[starts, ends], self.link[starts, ends]
+    else:
+      f = np.broadcast_to(np.asarray(forms, np.int64), starts.shape)
+      stream, link = self.form_stream[f, starts, ends], self.form_link[f, starts, ends]
     compressed = (
       self.workload.forward_seconds
       + self.backward_before[ends]
@@ -305,17 +324,67 @@ class CostModel:
     comm_after = np.cumsum(link[:, ::-1], axis=1)[:, ::-1]
     return (compressed + comm_after).max(axis=1) + self.workload.update_seconds
 
+  def best_forms(self, boundaries) -> tuple[tuple[str, ...], float]:
+    """The groups' forms for one partition, by descent, and ``T_n`` with them.
+
+    From the least-``Comp + Comm`` choice and from every form throughout,
+    the best single-group change of form is made until none lowers ``T_n``
+    (one batched evaluation per round); the best end point is returned.
+    With overlap this weighs what each form hides behind the backward pass.
+
+    Raises:
+      ValueError: for a model of one profile.
+    """
+    if self.forms is None:
+      raise ValueError("this model prices one profile: it has no exchange forms")
+    b = np.asarray(boundaries, np.int64).reshape(-1)
+    y, kinds = len(b) + 1, len(self.forms)
+    starts, ends = (a[0] for a in self._bounds(b))
+    starts_points = [self.form_index[starts, ends]] + [
+      np.full(y, f, np.int64) for f in range(kinds)
+    ]
+    best, best_t = None, np.inf
+    for f in starts_points:
+      t = float(self.iteration_seconds(b, f)[0])
+      while kinds > 1:
+        rows = np.repeat(f[None], y * (kinds - 1), axis=0)
+        group = np.repeat(np.arange(y), kinds - 1)
+        rows[np.arange(len(rows)), group] = (
+          f[group] + np.tile(np.arange(1, kinds), y)
+        ) % kinds
+        seconds = self.iteration_seconds(np.broadcast_to(b, (len(rows), len(b))), rows)
+        i = int(np.argmin(seconds))
+        if not seconds[i] < t * (1 - 1e-12):
+          break
+        f, t = rows[i], float(seconds[i])
+      if t < best_t:
+        best, best_t = f, t
+    return tuple(self.forms[i] for i in best), best_t
+
   def timeline(self, plan_or_boundaries) -> Timeline:
-    """The detailed timeline of one partition (a :class:`~gradcomp.fusion.plan.Plan` or boundaries)."""
+    """The detailed timeline of one partition (a :class:`~gradcomp.fusion.plan.Plan` or boundaries).
+
+    A plan's own :attr:`~gradcomp.fusion.plan.Plan.forms` are priced when it
+    has them; otherwise each group's form of least ``Comp + Comm``.
+    """
     boundaries = (
       plan_or_boundaries.boundaries
       if hasattr(plan_or_boundaries, "boundaries")
       else tuple(plan_or_boundaries)
     )
     starts, ends = (a[0] for a in self._bounds(boundaries))
-    comp = self.comp[starts, ends]
-    comm = self.comm[starts, ends]
-    stream = self.stream[starts, ends]
+    named = getattr(plan_or_boundaries, "forms", None)
+    if self.forms is None:
+      forms, f = None, None
+    elif named is None:
+      forms, f = self.group_forms(boundaries), self.form_index[starts, ends]
+    else:
+      forms, f = tuple(named), self.form_indices(named)
+    comp = self.comp[starts, ends] if f is None else self.form_comp[f, starts, ends]
+    comm = self.comm[starts, ends] if f is None else self.form_comm[f, starts, ends]
+    stream = (
+      self.stream[starts, ends] if f is None else self.form_stream[f, starts, ends]
+    )
     w = self.workload
     ready = (
       w.forward_seconds
@@ -347,5 +416,5 @@ class CostModel:
       comm_seconds=tuple(comm.tolist()),
       backward_seconds=float(sum(w.backward_seconds)),
       overlap_seconds=float(hidden),
-      forms=self.group_forms(boundaries),
+      forms=forms,
     )
