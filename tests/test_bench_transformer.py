@@ -88,6 +88,30 @@ def test_tiny_run_writes_every_method_and_topk_sends_less(tmp_path, monkeypatch)
     assert run["reused"] and run["curve"] == saved["results"][label]["runs"][0]["curve"]
 
 
+def test_a_scatter_form_is_re_priced_on_the_cluster_s_workers():
+  """The gather form's logged wire stands for any n; the scatter form's
+  all-gather carries one chunk, ``ceil(d / n)`` values: traced again, it
+  halves from 8 to 16 workers, up to the chunking's rounding: at most
+  n - 1 padding codes and one partial bucket's 4-byte norm per chunk, 5 n
+  bytes at n = 16."""
+  logged = {"round_wire": {"all-reduce": 16, "all-gather": 449_436}}
+  config = transformer.configure(
+    transformer.METHODS["qsgd"], seed=0, steps=600, eval_every=100, overrides={}
+  )
+  assert transformer._round_wire(logged, config, 16) == logged["round_wire"]
+  config = transformer.configure(
+    transformer.METHODS["qsgd_scatter"], seed=0, steps=600, eval_every=100, overrides={}
+  )
+  at = {n: transformer._round_wire(logged, config, n) for n in (8, 16)}
+  assert at[8]["all-reduce"] == 16 and set(at[8]) == {
+    "all-reduce",
+    "all-gather",
+    "all-to-all",
+  }
+  assert abs(at[16]["all-gather"] - at[8]["all-gather"] / 2) <= 5 * 16
+  assert abs(at[16]["all-to-all"] - at[8]["all-to-all"]) <= 5 * 16
+
+
 def test_cli_rejects_unknown_methods():
   with pytest.raises(SystemExit, match="known: dense, topk"):
     bench_main.main(["transformer", "--methods", "dense,bogus"])

@@ -255,6 +255,15 @@ ADAPTIVE: dict[str, Method] = {
 }
 DEFAULT_METHODS = tuple(METHODS)
 METHODS.update(ADAPTIVE)
+#: Exchanges that scale with the workers (DESIGN §7), beside their gather form.
+METHODS["qsgd_scatter"] = Method(
+  "qsgd_scatter",
+  _SYNC,
+  "qsgd",
+  {"exchange": "scatter"},
+  "single",
+  why="QSGD's reduce-scatter form: link bytes about twice the payload at any n",
+)
 #: The adaptive-optimizer comparison: dense AdamW, the naive chains, and the
 #: optimizers that compress their momentum.
 ADAPTIVE_METHODS = (
@@ -373,8 +382,44 @@ def reprice(inputs: Mapping[str, Any], config, cluster_, steps: int) -> np.ndarr
       inputs["overlap"],
     )
   return gradcomp.sim.simulate_rounds(
-    cluster_, flops, optimizer.round_steps(config), inputs["round_wire"], steps
+    cluster_,
+    flops,
+    optimizer.round_steps(config),
+    _round_wire(inputs, config, cluster_.workers),
+    steps,
   )
+
+
+#: gpt_tiny's vocabulary: bytes.
+BYTE_VOCABULARY = 256
+
+
+def _round_wire(inputs: Mapping[str, Any], config, workers: int) -> dict[str, int]:
+  """The run's round wire, a reduce-scatter form's traced again for ``workers``.
+
+  A gathered payload's bytes do not depend on the workers, but a scatter
+  form's chunks do (its all-gather carries ``1/n`` of the buffer): its
+  collectives are traced on ``workers`` for the one fused buffer of the
+  run's ``"single"`` plan, and replace the logged ones of their kinds (the
+  program's own 16-byte all-reduce is kept).
+  """
+  wire = dict(inputs["round_wire"])
+  if config.compressor.get("exchange") != "scatter":
+    return wire
+  from gradcomp.models import shapes
+  from gradcomp.parallel.traced import traced_wire
+  from train import optimizer
+
+  if config.fusion.plan != "single":
+    raise ValueError(
+      f"re-pricing a scatter form needs fusion.plan='single', got {config.fusion.plan!r}"
+    )
+  size = shapes.total_size(shapes.gpt_shapes(config.model.name, BYTE_VOCABULARY))
+  traced = traced_wire(
+    lambda axis: optimizer.compressor(config.compressor, axis), size, workers
+  )
+  wire.update({kind: nbytes for kind, (nbytes, _) in traced.items()})
+  return wire
 
 
 def time_to_target(
