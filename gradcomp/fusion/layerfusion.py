@@ -206,9 +206,10 @@ def layerfusion(
     search: for ``"auto"``: ``"heuristic"`` (§4.3) or ``"optimal"`` (DP).
     exchange: ``None`` (the default): every group in ``inner``'s own
       exchange form; ``"auto"`` (with ``plan="auto"`` and a codec with an
-      ``exchange=`` keyword): each group in the form the cost model prices
-      lower, all-gathered (``"gather"``) or reduce-scattered (``"scatter"``,
-      DESIGN §7), with ``profile`` then ``{form: Profile}`` (default:
+      ``exchange=`` keyword): each group in the form the search chooses
+      with the partition (the whole timeline weighed), all-gathered
+      (``"gather"``) or reduce-scattered (``"scatter"``, DESIGN §7), with
+      ``profile`` then ``{form: Profile}`` (default:
       both measured, their wire traced on the cluster's workers). Groups
       of one form go to that form's compressor as one tuple; the plan
       records the forms (:attr:`Plan.forms`), and an explicit plan with
@@ -224,8 +225,9 @@ def layerfusion(
   Raises:
     ValueError: for an unknown plan name or ``exchange``, a profile
       measured for another compressor, ``exchange="auto"`` without
-      ``plan="auto"`` or with a compressor that has one form, an ``"auto"`` plan of a transformation gradcomp did not
-      build without a profile, a bad ``order``, an ``order`` the
+      ``plan="auto"`` or with a compressor that has one form, an
+      ``"auto"`` plan of a transformation gradcomp did not build without
+      a profile, a bad ``order``, an ``order`` the
       plan's groups are not contiguous in, or (at ``init`` / ``update``) a
       plan or order made for a different number of leaves.
 
