@@ -202,9 +202,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.fusion = ml_collections.ConfigDict()
   config.fusion.plan = "auto"  # layerwise | single | auto | none
   config.fusion.search = "heuristic"  # for "auto": heuristic | optimal
-  # for "auto": inner (the compressor's exchange form) | auto (gather or
-  # reduce-scatter per group, for codecs with an exchange= keyword)
-  config.fusion.exchange = "inner"
+  # for "auto": unset or inner (the compressor's exchange form) | auto
+  # (gather or reduce-scatter per group, for codecs with an exchange=
+  # keyword). A placeholder, so runs saved before the field existed are
+  # the same config (the benchmarks' --reuse).
+  config.fusion.exchange = config_dict.placeholder(str)
 
   # none|local_sgd|easgd|cdsgd|gossip|gosgd|async_ps|backup_workers|stale_sgd|
   # edgegossip

@@ -177,7 +177,7 @@ def fusion_plan(
   (``layerfusion(..., exchange="auto")``; a codec with an ``exchange=``
   keyword); ``"inner"``: the compressor's own form everywhere.
   """
-  plan, exchange = cfg.plan, cfg.get("exchange", "inner")
+  plan, exchange = cfg.plan, cfg.get("exchange") or "inner"
   if exchange not in FUSION_EXCHANGES:
     raise ValueError(
       f"config.fusion.exchange must be one of {FUSION_EXCHANGES}, got {exchange!r}"
