@@ -199,9 +199,6 @@ def fusion_plan(
         )
       if jax.process_index() == 0:
         cluster = cluster or gradcomp.sim.Cluster(jax.device_count())
-        profile = gradcomp.fusion.profile_for(
-          inner, up_to=sum(sizes), workers=cluster.workers
-        )
         if exchange == "auto":  # both forms priced; each group takes one
           in_form = gradcomp.fusion.in_forms(inner)
           profile = {
@@ -210,6 +207,10 @@ def fusion_plan(
             )
             for form in gradcomp.fusion.FORMS
           }
+        else:
+          profile = gradcomp.fusion.profile_for(
+            inner, up_to=sum(sizes), workers=cluster.workers
+          )
         saved = gradcomp.fusion.auto_plan(
           sizes, order, profile, cluster, method=cfg.search
         )

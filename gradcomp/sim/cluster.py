@@ -158,8 +158,9 @@ def _ring_seconds(kind: str, group: int, nbytes, messages, gbps, latency_us):
   One latency per ring step (``2 (group - 1)`` for an all-reduce, 1 for a
   permute, ``group - 1`` otherwise) per collective, and the operand bytes
   times :func:`~gradcomp.parallel.wire.link_factor` at the link's bandwidth;
-  0 for a group of one. The price of :meth:`Cluster.axis_seconds` and of
-  ``"<kind>@fast"`` / ``"<kind>@slow"`` wire keys.
+  0 for a group of one. The price of :meth:`Cluster.axis_seconds`, of
+  ``"<kind>@fast"`` / ``"<kind>@slow"`` wire keys, and of the flat ring's
+  collectives other than the all-reduce (:meth:`Cluster.exchange_seconds`).
   """
   if group <= 1:
     return np.zeros(np.broadcast(nbytes, messages).shape)
@@ -564,13 +565,9 @@ class Cluster:
       return messages * 2 * alpha + volume[kind] * nbytes * per_byte
     if kind == "all-reduce":
       return self.allreduce_seconds(nbytes, messages)
-    steps, volume = {
-      "all-gather": (n - 1, n - 1),
-      "reduce-scatter": (n - 1, (n - 1) / n),
-      "all-to-all": (n - 1, (n - 1) / n),
-      "collective-permute": (1, 1),
-    }[kind]
-    return messages * steps * alpha + volume * nbytes * per_byte
+    return _ring_seconds(
+      kind, n, nbytes, messages, self.bandwidth_gbps, self.latency_us
+    )
 
   def axis_seconds(self, records, fast_axes=()) -> float:
     """Seconds of a program's collectives, each on the link class of its mesh axes.
