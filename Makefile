@@ -24,11 +24,11 @@ lock:
 	.lock-venv/bin/pip install --quiet --upgrade pip
 	.lock-venv/bin/pip install --quiet -e '.[dev]'
 	{ echo "# Exact versions the test suite passed with. Regenerate: make lock"; \
-	  .lock-venv/bin/pip freeze --exclude-editable; } > constraints.txt
+	  .lock-venv/bin/pip freeze --all --exclude-editable | grep -v "^pip=="; } > constraints.txt
 	rm -rf .lock-venv
 
 WORKDIR ?= workdirs/default
-LINTED := gradcomp tests train configs conftest.py docs/conf.py
+LINTED := gradcomp bench tests train configs conftest.py docs/conf.py
 
 # The default training job (configs/default.py); re-running resumes from WORKDIR.
 run: $(STAMP)
@@ -44,7 +44,7 @@ test: $(STAMP)
 	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m ruff check $(LINTED)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules tests gradcomp train configs docs
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules tests gradcomp bench train configs docs
 
 # The documentation site, with warnings as errors: open docs/_build/html/index.html.
 docs: $(STAMP)
@@ -54,8 +54,8 @@ docs: $(STAMP)
 # compressors write into donated buffers rather than fresh 100 MB temporaries
 # (BUILD_NOTES.md, issue 18), so no preloaded allocator is needed.
 bench: $(STAMP)
-	$(PY) -m gradcomp.bench compress
-	$(PY) -m gradcomp.bench sketch
+	$(PY) -m bench compress
+	$(PY) -m bench sketch
 
 clean:
 	rm -rf $(VENV) .lock-venv bench_out workdirs .pytest_cache .jax_cache docs/_build docs/api/_autosummary

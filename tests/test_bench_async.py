@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradcomp.bench import async_ps
-from gradcomp.bench.__main__ import main
+from bench import async_ps
+from bench.__main__ import main
 
 
 def test_staleness_statistics_of_a_histogram():

@@ -4,9 +4,9 @@ table, and the training program's exchange schedule against the time model."""
 import pytest
 
 import gradcomp
+from bench import __main__ as bench_main
+from bench import cdsgd, workloads
 from configs import default
-from gradcomp.bench import __main__ as bench_main
-from gradcomp.bench import cdsgd, workloads
 from train import optimizer
 
 
@@ -75,7 +75,7 @@ def test_unknown_method_is_a_clear_error():
 def test_prediction_for_a_described_cluster_is_the_closed_form():
   """S-SGD = tau + phi, BIT-SGD = tau + delta + psi, OD-SGD = max(tau, phi),
   CD-SGD k = ((k - 1) max(tau, delta + psi) + max(tau, phi)) / k."""
-  from gradcomp.bench import cdsgd_time
+  from bench import cdsgd_time
 
   cluster = gradcomp.sim.Cluster(4, bandwidth_gbps=1.0, flops_per_second=1e12)
   rows = {

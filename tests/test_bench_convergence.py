@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gradcomp.bench import convergence, workloads
+from bench import convergence, workloads
 from train import logs
 
 # One pytest-xdist worker runs the module, so its module fixture is built once.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gradcomp
-from gradcomp.bench import edgegossip as eg
+from bench import edgegossip as eg
 from train import logs
 
 # One pytest-xdist worker runs the module, so its module fixture is built once.

@@ -1,11 +1,11 @@
-"""``python -m gradcomp.bench factors``: the table's arithmetic in closed form."""
+"""``python -m bench factors``: the table's arithmetic in closed form."""
 
 import json
 
 import pytest
 
-from gradcomp.bench import __main__ as bench_main
-from gradcomp.bench import factors
+from bench import __main__ as bench_main
+from bench import factors
 
 
 def dense(values: int, p: int) -> float:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import gradcomp
-from gradcomp.bench import __main__ as bench_main
-from gradcomp.bench import gossip, workloads
+from bench import __main__ as bench_main
+from bench import gossip, workloads
 
 # alpha = 25 us; one message of B bytes at 1 Gbit/s: alpha + 8 B / 1e9.
 ALPHA, B, F = 25e-6, 38_440, 4e9  # F: 0.5 ms of compute at 8 TFLOP/s.
@@ -173,7 +173,7 @@ def test_workload_reading_prices_resnet50_steps():
   """All-reduce: compute + 2(n-1)/n of the dense bytes; one-peer D-PSGD:
   max(compute, one dense message) per step (the exchange overlaps)."""
   import gradcomp
-  from gradcomp.bench.paper import v100_tflops
+  from bench.paper import v100_tflops
   from gradcomp.models import shapes
   from gradcomp.sim.clock import training_flops
 

@@ -1,4 +1,4 @@
-"""``python -m gradcomp.bench hierarchy`` on a small buffer: its figures against closed forms.
+"""``python -m bench hierarchy`` on a small buffer: its figures against closed forms.
 
 One buffer of ``D`` values per device on the (2, 4) mesh; a few exchanges,
 two simulated node counts. The bytes crossing nodes follow from the
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from gradcomp.bench import hierarchy
+from bench import hierarchy
 
 pytestmark = pytest.mark.xdist_group("bench_hierarchy")
 

@@ -1,4 +1,4 @@
-"""The compress suite's naive-JAX peers (gradcomp/bench/peers.py, issue 18).
+"""The compress suite's naive-JAX peers (bench/peers.py, issue 18).
 
 Each peer must do the work it is compared for: top-k keeps the k largest
 magnitudes (gradcomp's own top-k on one worker, exactly), random-k at most k
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import gradcomp
-from gradcomp.bench import peers
+from bench import peers
 
 
 def _tensors(seed=0):
@@ -94,7 +94,7 @@ def _timed(ms):
 
 
 def test_table_ratio_takes_the_best_peer_doing_the_same_work():
-  from gradcomp.bench import compress
+  from bench import compress
 
   row = {
     "label": "randomk",
@@ -126,7 +126,7 @@ def test_table_ratio_takes_the_best_peer_doing_the_same_work():
 
 
 def test_fused_layout_alone_times_only_the_one_buffer_variants(tmp_path):
-  from gradcomp.bench import compress
+  from bench import compress
 
   result = compress.run(
     model="resnet20",
@@ -149,7 +149,7 @@ def test_fused_layout_alone_times_only_the_one_buffer_variants(tmp_path):
 def test_interleaved_rounds_rotate_and_prepare_before_timing():
   """Every round prepares all inputs first, then times each contender once,
   starting one later each round; each call gets its own round's input."""
-  from gradcomp.bench import timing
+  from bench import timing
 
   log = []
 

@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from gradcomp.bench import predictor as bench
+from bench import predictor as bench
 from gradcomp.edgegossip import predictor as eg
 from gradcomp.sim import Cluster
 

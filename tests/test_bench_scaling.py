@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from gradcomp.bench import paper, scaling
+from bench import paper, scaling
 from gradcomp.models import shapes
 
 # Comp is affine, so a coarse grid is exact; it keeps the wire tracing cheap.
@@ -48,7 +48,7 @@ def test_proxies_scale_a_table1_row_and_none_costs_nothing():
 
 
 def test_suite_end_to_end_on_paper_costs(tmp_path, capsys):
-  from gradcomp.bench.__main__ import main
+  from bench.__main__ import main
 
   main([
     "scaling", "--sources", "paper", "--models", "resnet20",

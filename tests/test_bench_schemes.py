@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from gradcomp.bench import __main__ as bench_main
-from gradcomp.bench import schemes, workloads
+from bench import __main__ as bench_main
+from bench import schemes, workloads
 from train import logs
 
 # One pytest-xdist worker runs the module, so its module fixture is built once.

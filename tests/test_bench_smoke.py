@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gradcomp.bench import compress, sketch
+from bench import compress, sketch
 
 
 def test_compress_suite_writes_its_table_and_json(tmp_path, capsys):
@@ -29,7 +29,7 @@ def test_sketch_suite_reports_every_stage(tmp_path):
 
 
 def test_fusion_check_predicts_and_measures_three_plans(tmp_path, capsys):
-  from gradcomp.bench import fusion
+  from bench import fusion
 
   result = fusion.run(
     models=("resnet20",),
@@ -61,7 +61,7 @@ def test_fusion_check_predicts_and_measures_three_plans(tmp_path, capsys):
 def test_ring_calibration_needs_two_sizes():
   import jax
 
-  from gradcomp.bench import fusion
+  from bench import fusion
 
   mesh = jax.make_mesh((8,), (fusion.AXIS,))
   for sizes in ((2**8,), (2**8, 2**8), (0, 2**8)):
@@ -72,7 +72,7 @@ def test_ring_calibration_needs_two_sizes():
 def test_ring_fit_recovers_latency_and_bandwidth():
   import numpy as np
 
-  from gradcomp.bench.fusion import _fit_ring
+  from bench.fusion import _fit_ring
 
   rows = [[14, 4e3], [14, 4e6], [7, 8e3], [7, 8e6]]
   targets = [r[0] * 2e-5 + r[1] * 1e-9 for r in rows]
@@ -83,7 +83,7 @@ def test_ring_fit_recovers_latency_and_bandwidth():
 
 
 def test_device_step_times_dense_and_each_compressed_step(tmp_path):
-  from gradcomp.bench import device_step
+  from bench import device_step
 
   setup = device_step.Setup(
     size="tiny",

@@ -1,4 +1,4 @@
-"""The step suite (``python -m gradcomp.bench step``) on a tiny setting.
+"""The step suite (``python -m bench step``) on a tiny setting.
 
 Not a test of speed: the suite runs end to end and writes its outputs, its
 arithmetic holds (samples/s = batch / step time; the calibration step is
@@ -18,7 +18,7 @@ import optax
 import pytest
 
 import gradcomp
-from gradcomp.bench import step
+from bench import step
 
 # One pytest-xdist worker runs the module, so its module fixture is built once.
 pytestmark = pytest.mark.xdist_group("bench_step")

@@ -14,8 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from gradcomp.bench import __main__ as bench_main
-from gradcomp.bench import sizes, wire_suite
+from bench import __main__ as bench_main
+from bench import sizes, wire_suite
 from gradcomp.models import shapes
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from gradcomp.bench import __main__ as bench_main
-from gradcomp.bench import transformer, workloads
+from bench import __main__ as bench_main
+from bench import transformer, workloads
 
 STEPS, EVERY = 4, 2
 TINY = workloads.SMOKE  # One narrow layer: the same paths, a short compile.
@@ -134,7 +134,7 @@ def test_streaming_tables_from_a_run_result():
   derived from the mean, and must be every step's own 20 bytes plus its round.
   (The program's fragment pricing is tested in test_train_streaming.py.)
   """
-  from gradcomp.bench import streaming
+  from bench import streaming
 
   steps, d, own = 64, 1000, 20
   fragment = [

@@ -15,7 +15,7 @@ import optax
 import pytest
 
 import gradcomp
-from gradcomp.bench.fusion import SEARCH_COMPRESSORS
+from bench.fusion import SEARCH_COMPRESSORS
 from gradcomp.compressors.spec import spec_of
 from gradcomp.fusion import search as fusion_search
 from gradcomp.parallel.traced import traced_wire

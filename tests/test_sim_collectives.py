@@ -2,7 +2,7 @@
 
 Then a described :class:`~gradcomp.sim.cluster.Cluster` pricing its
 all-reduce by the algorithm it chooses, and the table of which algorithm wins
-(``python -m gradcomp.bench collectives``). Pure NumPy.
+(``python -m bench collectives``). Pure NumPy.
 
 The simulation is independent of ``gradcomp.sim.collectives``: each algorithm
 is written here as steps of messages ``(src, dst, chunks, op)``; a message of
@@ -463,7 +463,7 @@ def test_allreduce_seconds_rejects_an_unknown_algorithm():
     Cluster(4).allreduce_seconds(1e6, algorithm="butterfly")
 
 
-# -- the table of winners (python -m gradcomp.bench collectives) ---------------------
+# -- the table of winners (python -m bench collectives) ---------------------
 
 
 def test_allreduce_table_limiting_cases():
@@ -525,8 +525,8 @@ def test_allreduce_table_rejects_bad_input():
 
 
 def test_collectives_bench_suite(tmp_path, capsys):
-  from gradcomp.bench import __main__ as bench_main
-  from gradcomp.bench import collectives as suite
+  from bench import __main__ as bench_main
+  from bench import collectives as suite
 
   bench_main.main(["collectives", "--bandwidth-gbps", "10", "--out", str(tmp_path)])
   out = capsys.readouterr().out

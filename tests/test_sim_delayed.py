@@ -430,11 +430,11 @@ def test_docstring_examples():
   assert result.attempted >= 3 and result.failed == 0
 
 
-# -- the simulated tables (gradcomp.bench.cdsgd_time) ---------------------------------
+# -- the simulated tables (bench.cdsgd_time) ---------------------------------
 
 
 def test_table2_rows_and_compute_bound_independence_of_k():
-  from gradcomp.bench import cdsgd_time
+  from bench import cdsgd_time
 
   rows = cdsgd_time.table2_rows()
   methods = [
@@ -463,7 +463,7 @@ def test_table2_rows_and_compute_bound_independence_of_k():
 
 
 def test_fig10_rows_and_rendering():
-  from gradcomp.bench import cdsgd_time
+  from bench import cdsgd_time
 
   rows = cdsgd_time.fig10_rows(models=("resnet20",), gpus=("V100",))
   assert [r["batch"] for r in rows] == [32, 64, 128]

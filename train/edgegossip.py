@@ -11,7 +11,7 @@ front of each epoch (``gradcomp.edgegossip``):
    p_i``. A worker below ``speed_threshold`` has failed (``r_i = 0``); more
    than ``failure_threshold`` of them halts the run
    (:class:`~gradcomp.edgegossip.BalancerHalted`). The predictor feeds this
-   through ``config.cluster.speeds`` (``python -m gradcomp.bench
+   through ``config.cluster.speeds`` (``python -m bench
    predictor`` fits one on this machine). ``balance=False`` keeps ``r_i =
    1``: plain GoSGD.
 2. **Aggregator** (§3.2), once at start: each worker's shard in single-class

@@ -45,7 +45,7 @@ prices; which one wins depends on ``nbytes / messages``.
 
 ``topology="parameter_server"`` keeps the single-server model above for both
 the all-reduce and the all-gather, unchanged (the CD-SGD predictions of
-``gradcomp.bench.cdsgd_time`` are read on it), and takes no ``allreduce``
+``bench.cdsgd_time`` are read on it), and takes no ``allreduce``
 but the default. It is not ``sharded_parameter_server`` with one dedicated
 server, ``2 n (alpha + B beta)``: both send ``2 n B`` bytes through the
 server's link, but the single-server model pays ``alpha`` once per phase

@@ -62,7 +62,7 @@ algorithm its ``allreduce`` names (or the cheapest, ``"best"``), so the
 LayerFusion planner, the schemes' clocks and the training program's
 simulated clock all see the choice. :func:`allreduce_table` tabulates
 :func:`best_allreduce`'s pick over worker counts and sizes
-(``python -m gradcomp.bench collectives``).
+(``python -m bench collectives``).
 
 References:
   Survey 004 §2.1, §2.4; P. Patarasuk and X. Yuan, "Bandwidth optimal

@@ -13,7 +13,7 @@ real training program, ``train.train.train_and_evaluate``, on config overrides:
 * **resnet20** (``configs/resnet20_cifar10.py`` on synthetic data): a few
   steps per method, one seed, for throughput (samples/s) only.
 
-**Workloads** (``--workload``, :mod:`gradcomp.bench.workloads`). The seeded
+**Workloads** (``--workload``, :mod:`bench.workloads`). The seeded
 runs above are ``digits`` by default; ``--workload gpt_tiny`` runs the same
 methods on ``configs/gpt_tiny.py`` (the 2-layer GPT on bytes of text, AdamW)
 and reports the final validation bits per byte (lower is better) in place of
@@ -39,7 +39,7 @@ is the sum over rows of ``steps x global_batch / samples_per_sec``
 checkpoint or logging). Beside it the JSON keeps ``elapsed_seconds`` (``train.logs.elapsed_seconds``: wall time since the
 run's ``started`` row, step 1's compile, evals and checkpoints included).
 
-Run: ``python -m gradcomp.bench convergence [--seeds 3] [--steps 600]``. Writes
+Run: ``python -m bench convergence [--seeds 3] [--steps 600]``. Writes
 ``convergence.json``, ``convergence.md`` and ``convergence.png`` (accuracy
 against step and against time: mean over seeds, min-max band) to ``--out``,
 and each run's workdir (``metrics.jsonl``, ``config.json``, ``plan.json``;
@@ -61,9 +61,9 @@ from typing import Any
 
 import numpy as np
 
-from gradcomp.bench import workloads
-from gradcomp.bench.output import write_json
-from gradcomp.bench.workloads import DIGITS, Workload
+from bench import workloads
+from bench.output import write_json
+from bench.workloads import DIGITS, Workload
 
 #: Kept fraction of top-k, DGC and sketch_topk: the default config's 0.05 (0.01
 #: diverged on the 9.6K-parameter MLP), the same for all three.
@@ -394,7 +394,7 @@ def run(
   """
   import jax
 
-  from gradcomp.bench.compress import machine_info
+  from bench.compress import machine_info
 
   w = workload
   methods = list(METHODS.values()) if methods is None else list(methods)

@@ -1,6 +1,6 @@
 """The transformer workload: bits per byte, bytes and simulated time per method.
 
-``python -m gradcomp.bench transformer [--methods dense,topk] [--seeds 3]
+``python -m bench transformer [--methods dense,topk] [--seeds 3]
 [--steps 600] [--eval-every 100] [--target-bpb X] [--out bench_out/]``
 
 Every run is the real training program, ``train.train.train_and_evaluate``,
@@ -38,7 +38,7 @@ hyper-parameter is tuned per method):
 * ``choco_ring``: CHOCO-SGD gossip on a ring, top-k 1 % of ``x - x_hat``
   (per leaf: gossip builds its codec without fusion), consensus step
   ``gamma`` = :data:`CHOCO_GAMMA` (the gossip suite's sweep on digits,
-  ``gradcomp.bench.gossip.GAMMA``; not re-swept here).
+  ``bench.gossip.GAMMA``; not re-swept here).
 
 **Measured** on this machine: the validation bits per byte
 ``eval_bits_per_byte`` (``eval_loss / ln 2`` over the config's 4,096
@@ -103,9 +103,9 @@ from typing import Any
 
 import numpy as np
 
-from gradcomp.bench import convergence, gossip, schemes
-from gradcomp.bench.convergence import _stats
-from gradcomp.bench.output import publish
+from bench import convergence, gossip, schemes
+from bench.convergence import _stats
+from bench.output import publish
 
 #: Workers of every run (virtual devices).
 WORKERS = schemes.WORKERS
@@ -215,7 +215,7 @@ FREEZE_STEP = 100
 ZERO_ONE_FREEZE = 300
 ZERO_ONE_LOCAL_SCALER = 50
 #: Whole optimizers that compress their own momentum (``gradcomp.optimizers``),
-#: not in the default set: ``python -m gradcomp.bench adaptive`` runs them
+#: not in the default set: ``python -m bench adaptive`` runs them
 #: beside the naive chains (compressor, then AdamW).
 ADAPTIVE: dict[str, Method] = {
   m.label: m
@@ -631,7 +631,7 @@ def run(
       no target and no ``dense`` run.
   """
   import gradcomp
-  from gradcomp.bench.compress import machine_info
+  from bench.compress import machine_info
   from train import pricing
 
   if methods is None:

@@ -31,7 +31,7 @@ its ``sim.json`` ``round_wire``, the same step's per-worker link bytes
 (``ring_link_bytes``), against the table's hybrid prediction (the difference is
 the step's 16 bytes of logged means and finite-step agreement).
 
-Run: ``python -m gradcomp.bench factors`` (about a minute on 2 cores). Writes
+Run: ``python -m bench factors`` (about a minute on 2 cores). Writes
 ``factors.json`` and ``factors.md`` to ``--out``.
 """
 
@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradcomp.bench.output import write_json
+from bench.output import write_json
 from gradcomp.models import shapes, zoo
 from gradcomp.models import sufficient_factors as sf
 
@@ -60,7 +60,7 @@ from gradcomp.models import sufficient_factors as sf
 MODELS = ("mlp", "vgg16_cifar", "vgg16_imagenet")
 WORKERS = (4, 8, 16, 64)
 MEASURE_WORKERS = (4, 8)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Layer(NamedTuple):

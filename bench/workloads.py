@@ -15,7 +15,7 @@ top. Two are known (:data:`WORKLOADS`):
   ``eval_bits_per_byte``), lower is better. Every check that allows a method
   to end some percentage points of accuracy below a reference allows it
   :data:`BPB_MARGIN` bits per byte above instead (one margin for every suite:
-  ``gradcomp.bench.transformer.TARGET_MARGIN``, the transformer suite's
+  ``bench.transformer.TARGET_MARGIN``, the transformer suite's
   margin above dense's final bpb); a target at a fixed accuracy (the schemes
   suite's 95 and 97 %, the async suite's 95 %) has no bits-per-byte
   counterpart that holds at any run length and is not applicable
@@ -23,7 +23,7 @@ top. Two are known (:data:`WORKLOADS`):
 
 The hyper-parameters a suite chose for digits' SGD that have no meaning under
 AdamW come from the workload too, as gpt_tiny's values the transformer suite
-already chose (``gradcomp.bench.transformer``): the plain-SGD local step of
+already chose (``bench.transformer``): the plain-SGD local step of
 CD-SGD and OD-SGD (:attr:`Workload.local_learning_rate`), the 2-bit threshold
 on mean gradients (:attr:`Workload.threshold`), the learning rate of the
 asynchronous server on the mean gradient (:attr:`Workload.server_learning_rate`),
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 #: gpt_tiny's tolerance of every "within X points of" check and of the time to
-#: target, in bits per byte (``gradcomp.bench.transformer.TARGET_MARGIN``).
+#: target, in bits per byte (``bench.transformer.TARGET_MARGIN``).
 BPB_MARGIN = 0.1
 
 

@@ -15,7 +15,7 @@ codecs send packed sign bits (8 per byte) and unpack them.
 On a GPU (when JAX runs on one) the tensors live on it and each call ends
 with ``torch.cuda.synchronize()``. PyTorch is not a dependency of gradcomp:
 ``pip install torch`` (the CPU build; BUILD_NOTES says which) makes
-``python -m gradcomp.bench compress`` time these beside its own rows;
+``python -m bench compress`` time these beside its own rows;
 without it the suite says so and goes on.
 Each timed call gets fresh copies of the gradients, made before the clock
 starts, and its outputs are released after it stops, as for the JAX rows

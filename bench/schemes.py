@@ -97,7 +97,7 @@ most :data:`LOCAL_SGD_PP` points below ``sync``'s; ``diloco_topk1``'s at most
 logged bytes per step (every-step bookkeeping included); the ratio of the
 rounds' bytes alone is printed beside it.
 
-**Workloads** (``--workload``, :mod:`gradcomp.bench.workloads`): the above is
+**Workloads** (``--workload``, :mod:`bench.workloads`): the above is
 ``digits``, the default. ``--workload gpt_tiny`` runs the same methods, with
 the same scheme and compressor fields, on ``configs/gpt_tiny.py`` (AdamW is
 then the inner optimizer of every scheme; no field of this suite is SGD's,
@@ -112,7 +112,7 @@ bytes rule unchanged; the times to 95 and 97 % accuracy are not applicable
 cluster (b)'s assumed edge devices are the same; on gpt_tiny the compute of a
 step is no longer negligible.
 
-Run: ``python -m gradcomp.bench schemes [--seeds 3] [--steps 600]
+Run: ``python -m bench schemes [--seeds 3] [--steps 600]
 [--workload gpt_tiny]``. Writes
 ``schemes.json``, ``schemes.md`` and ``schemes.png`` (accuracy against step,
 simulated seconds on (a), simulated seconds on (b): mean over seeds, band
@@ -136,10 +136,10 @@ from typing import Any
 
 import numpy as np
 
-from gradcomp.bench import convergence
-from gradcomp.bench.convergence import _stats, run_one
-from gradcomp.bench.output import publish
-from gradcomp.bench.workloads import DIGITS, Workload
+from bench import convergence
+from bench.convergence import _stats, run_one
+from bench.output import publish
+from bench.workloads import DIGITS, Workload
 
 #: Workers of every run (virtual devices).
 WORKERS = 8
@@ -539,10 +539,10 @@ def run(
       evaluated.
     out_dir: where the outputs and the runs' workdirs go.
     docs_png: also copy ``schemes.png`` there, if given.
-    workload: the base config and metric (``gradcomp.bench.workloads``).
+    workload: the base config and metric (``bench.workloads``).
   """
   import gradcomp
-  from gradcomp.bench.compress import machine_info
+  from bench.compress import machine_info
   from train import optimizer, pricing
 
   if methods is None:
@@ -651,7 +651,7 @@ def _wire(wire: Mapping[str, int]) -> str:
 
 def format_tables(result: Mapping[str, Any]) -> str:
   """Markdown tables of a :func:`run` result."""
-  from gradcomp.bench import workloads
+  from bench import workloads
 
   w = workloads.get(result.get("workload"))
   res, mi = result["results"], result["machine"]
@@ -754,7 +754,7 @@ def plot(result: Mapping[str, Any], path: str | Path) -> Path:
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
 
-  from gradcomp.bench import workloads
+  from bench import workloads
 
   w = workloads.get(result.get("workload"))
   key = w.key

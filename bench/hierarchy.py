@@ -1,6 +1,6 @@
 r"""Exchanges on a fast axis and a slow one: bytes per axis, measured and simulated.
 
-``python -m gradcomp.bench hierarchy [--models resnet50,gpt2_small]
+``python -m bench hierarchy [--models resnet50,gpt2_small]
 [--nodes 4,8,16,48,64] [--out bench_out/hierarchy/]``
 
 DESIGN §7. Each model's gradient is one fused float32 buffer (what
@@ -41,7 +41,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
-from gradcomp.bench import output
+from bench import output
 from gradcomp.models import shapes
 from gradcomp.parallel import traced, wire
 

@@ -16,7 +16,7 @@ plan (``layerwise``, ``single``, ``auto``):
   the median of ``repeats`` steady-state steps after a warm-up
   (``profile.steady_state_seconds``); samples/s = batch / median step.
 * **predicted**: the timeline simulator (``gradcomp.sim.CostModel``) with the
-  calibration of ``gradcomp/bench/fusion.py``: the launch cost of a trivial
+  calibration of ``bench/fusion.py``: the launch cost of a trivial
   program, a ring fitted to chained collectives on these devices, ``Comp``
   profiled with all devices compressing at once (minus the launch), and the
   compute time taken from the measured dense step: the ``none`` / ``single``
@@ -32,7 +32,7 @@ plan (``layerwise``, ``single``, ``auto``):
   ``plan="auto"``, which plans for a nominal 20 Gbps cluster. When it equals
   the layer-wise or single plan, the same compiled step is reused.
 
-Default run (``python -m gradcomp.bench step``; the figures below were
+Default run (``python -m bench step``; the figures below were
 once taken with jemalloc preloaded, issue 18's with glibc): ResNet-20 at
 Table 3's global batch 128 (16 per device), plans ``layerwise`` and ``auto``, 5 repeats, and
 :data:`DEFAULT_COMPRESSORS`, one per family: ``none`` (measured anyway: it
@@ -69,10 +69,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import gradcomp
+from bench import fusion
+from bench.output import write_json
 from configs import default as default_config
 from configs import resnet20_cifar10
-from gradcomp.bench import fusion
-from gradcomp.bench.output import write_json
 from gradcomp.fusion.profiling import backend_name, steady_state_seconds
 from gradcomp.models import shapes
 from gradcomp.models import zoo as models

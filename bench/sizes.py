@@ -4,7 +4,7 @@ Paper 000 §3.2 (Fig. 1b) times each compressor on tensors of ``2^4 .. 2^20``
 values on a GPU and finds that the time "does not double" over that range: a
 fixed cost per call dominates, which is the case for LayerFusion. This suite
 measures the same curve here, for every registered compressor with the
-hyper-parameters of :data:`gradcomp.bench.fusion.SEARCH_COMPRESSORS`, with
+hyper-parameters of :data:`bench.fusion.SEARCH_COMPRESSORS`, with
 :func:`gradcomp.fusion.profile` on one device: per size, ``jit(tx.update)`` of a
 float32 buffer with ``axis_name=None`` (compress + decompress, the payload
 materialised), the state donated and fed back, median of ``repeats``
@@ -45,7 +45,7 @@ Run time is mostly compilation (two programs per compressor and size): 2.5 to
 4.5 minutes for the default on the 2-core CPU with other jobs running (load
 average 3 to 8), about 5 minutes with ``--full``; more under heavier load.
 
-Run: ``python -m gradcomp.bench sizes [--full] [--only topk,dgc] [--repeats 7]``.
+Run: ``python -m bench sizes [--full] [--only topk,dgc] [--repeats 7]``.
 Writes ``sizes.json`` and ``sizes.png`` to ``--out`` and prints markdown tables.
 """
 
@@ -63,10 +63,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import gradcomp
-from gradcomp.bench.compress import machine_info
-from gradcomp.bench.fusion import SEARCH_COMPRESSORS
-from gradcomp.bench.output import write_json
-from gradcomp.bench.plots import line_plot
+from bench.compress import machine_info
+from bench.fusion import SEARCH_COMPRESSORS
+from bench.output import write_json
+from bench.plots import line_plot
 from gradcomp.fusion.profiling import backend_name, steady_state_seconds
 from gradcomp.models import shapes
 from gradcomp.sim import profile as profile_lib

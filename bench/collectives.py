@@ -12,7 +12,7 @@ the two cross at ``(L_ring - L_rhd) / (v_rhd - v_ring)``; on a power of two
 their ``v`` are equal and halving/doubling, with fewer latencies, is never
 beaten.
 
-Pure arithmetic (no JAX, no timing): ``python -m gradcomp.bench collectives``
+Pure arithmetic (no JAX, no timing): ``python -m bench collectives``
 prints the table in well under a second and writes ``collectives.json`` and
 ``collectives.md`` to ``--out``; ``--bandwidth-gbps`` and ``--latency-us``
 choose the link (default 10 Gbit/s, 25 us per message).
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gradcomp.bench.output import write_json
+from bench.output import write_json
 from gradcomp.sim import collectives
 
 #: Short names of the flat algorithms in the table's cells.

@@ -1,6 +1,6 @@
 """Reproducing paper 001 (CD-SGD): accuracy, simulated epoch times, measured steps.
 
-``python -m gradcomp.bench cdsgd`` (issue 13). Three parts:
+``python -m bench cdsgd`` (issue 13). Three parts:
 
 1. **Accuracy** (the paper's claims 1-3, §4.2-4.3): S-SGD, BIT-SGD, OD-SGD
    and CD-SGD with k = 2, 5, 10, 20, on the real training program
@@ -12,7 +12,7 @@
    its shapes and FLOPs only.
 2. **Table 2 and Fig. 10 analogues**: the paper's time model (eqs. 2-9,
    ``gradcomp.sim.delayed``) on its clusters, from
-   :mod:`gradcomp.bench.cdsgd_time`.
+   :mod:`bench.cdsgd_time`.
 3. **Measured step time** on 8 virtual CPU devices for the same methods
    (the training program's logged throughput, compile excluded), next to
    the model's prediction from measured ``tau`` (a step that exchanges
@@ -29,7 +29,7 @@ batch (16) and BIT-SGD (a synchronous chain, no ``message_scale``) with the
 same threshold on mean gradients, 0.5 / 16 (equal arithmetic: 16 is a power
 of two).
 
-**Workloads** (``--workload``, :mod:`gradcomp.bench.workloads`). Part 1 runs
+**Workloads** (``--workload``, :mod:`bench.workloads`). Part 1 runs
 on ``digits`` by default; ``--workload gpt_tiny`` runs the same methods on
 ``configs/gpt_tiny.py`` (AdamW is then every method's server optimizer) and
 reports the final validation bits per byte (lower is better) of the local
@@ -59,11 +59,11 @@ from typing import Any
 
 import numpy as np
 
-from gradcomp.bench import cdsgd_time, schemes, workloads
-from gradcomp.bench.convergence import _stats
-from gradcomp.bench.output import publish
-from gradcomp.bench.schemes import Method
-from gradcomp.bench.workloads import DIGITS, Workload
+from bench import cdsgd_time, schemes, workloads
+from bench.convergence import _stats
+from bench.output import publish
+from bench.schemes import Method
+from bench.workloads import DIGITS, Workload
 
 WORKERS = schemes.WORKERS
 #: The digits config's global batch over 8 workers.
@@ -268,7 +268,7 @@ def run(
   are rebuilt for ``workload`` by :func:`methods_for`; others run as given.
   """
   import gradcomp
-  from gradcomp.bench.compress import machine_info
+  from bench.compress import machine_info
 
   w = workload
   per_worker = w.config().global_batch_size // WORKERS

@@ -1,29 +1,29 @@
-"""Command line of the benchmarks: ``python -m gradcomp.bench <suite> [flags]``.
+"""Command line of the benchmarks: ``python -m bench <suite> [flags]``.
 
 Example::
 
-  python -m gradcomp.bench compress --model resnet50 --repeats 7 --only topk,dgc
-  python -m gradcomp.bench sketch
-  python -m gradcomp.bench fusion --models resnet20,resnet50 --compressor topk
-  python -m gradcomp.bench search
-  python -m gradcomp.bench sizes --only topk,dgc --repeats 7
-  python -m gradcomp.bench wire --models resnet20,resnet50,lstm_ptb
-  python -m gradcomp.bench step --compressors none,topk,sketch_topk --plans layerwise,single,auto
-  python -m gradcomp.bench convergence --seeds 3
-  python -m gradcomp.bench scaling --sources paper
-  python -m gradcomp.bench schemes --seeds 3
-  python -m gradcomp.bench cdsgd --seeds 3
-  python -m gradcomp.bench gossip --seeds 3
-  python -m gradcomp.bench async --seeds 3
-  python -m gradcomp.bench schemes --workload gpt_tiny --seeds 1 --steps 200
-  python -m gradcomp.bench factors
-  python -m gradcomp.bench collectives --bandwidth-gbps 10 --latency-us 25
-  python -m gradcomp.bench predictor --repeats 3
-  python -m gradcomp.bench edgegossip --seeds 3
-  python -m gradcomp.bench transformer --methods dense,topk,diloco --seeds 3
-  python -m gradcomp.bench streaming --seeds 1
-  python -m gradcomp.bench device-step --model gpt2_small --batch 8
-  python -m gradcomp.bench hierarchy --models resnet50,gpt2_small
+  python -m bench compress --model resnet50 --repeats 7 --only topk,dgc
+  python -m bench sketch
+  python -m bench fusion --models resnet20,resnet50 --compressor topk
+  python -m bench search
+  python -m bench sizes --only topk,dgc --repeats 7
+  python -m bench wire --models resnet20,resnet50,lstm_ptb
+  python -m bench step --compressors none,topk,sketch_topk --plans layerwise,single,auto
+  python -m bench convergence --seeds 3
+  python -m bench scaling --sources paper
+  python -m bench schemes --seeds 3
+  python -m bench cdsgd --seeds 3
+  python -m bench gossip --seeds 3
+  python -m bench async --seeds 3
+  python -m bench schemes --workload gpt_tiny --seeds 1 --steps 200
+  python -m bench factors
+  python -m bench collectives --bandwidth-gbps 10 --latency-us 25
+  python -m bench predictor --repeats 3
+  python -m bench edgegossip --seeds 3
+  python -m bench transformer --methods dense,topk,diloco --seeds 3
+  python -m bench streaming --seeds 1
+  python -m bench device-step --model gpt2_small --batch 8
+  python -m bench hierarchy --models resnet50,gpt2_small
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradcomp.bench import (
+from bench import (
   async_ps,
   cdsgd,
   compress,
@@ -57,7 +57,7 @@ def _compress(args: argparse.Namespace) -> None:
       layouts=tuple(args.layouts.split(",")),
     )
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench compress: error: {e}") from None
+    raise SystemExit(f"python -m bench compress: error: {e}") from None
 
 
 def _sketch(args: argparse.Namespace) -> None:
@@ -69,7 +69,7 @@ def _fusion(args: argparse.Namespace) -> None:
 
   # Before any computation: virtual CPU devices must be configured first.
   jax.config.update("jax_num_cpu_devices", args.devices)
-  from gradcomp.bench import fusion
+  from bench import fusion
 
   fusion.run(
     models=tuple(args.models.split(",")),
@@ -81,7 +81,7 @@ def _fusion(args: argparse.Namespace) -> None:
 
 
 def _search(args: argparse.Namespace) -> None:
-  from gradcomp.bench import fusion
+  from bench import fusion
 
   fusion.search_table(
     workers=args.workers,
@@ -92,7 +92,7 @@ def _search(args: argparse.Namespace) -> None:
 
 
 def _scaling(args: argparse.Namespace) -> None:
-  from gradcomp.bench import scaling
+  from bench import scaling
 
   def names(text):
     return tuple(x for x in text.split(",") if x)
@@ -111,7 +111,7 @@ def _scaling(args: argparse.Namespace) -> None:
       out_dir=args.out,
     )
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench scaling: error: {e}") from None
+    raise SystemExit(f"python -m bench scaling: error: {e}") from None
 
 
 def _methods(suite: str, text: str, known, *, empty: bool = False) -> list[str]:
@@ -120,7 +120,7 @@ def _methods(suite: str, text: str, known, *, empty: bool = False) -> list[str]:
   unknown = sorted(set(labels) - set(known))
   if unknown or not (labels or empty):
     raise SystemExit(
-      f"python -m gradcomp.bench {suite}: error: unknown --methods {unknown}; "
+      f"python -m bench {suite}: error: unknown --methods {unknown}; "
       f"known: {', '.join(known)}"
     )
   return labels
@@ -133,7 +133,7 @@ def _convergence(args: argparse.Namespace) -> None:
   # Before any computation: virtual CPU devices must be configured first.
   jax.config.update("jax_num_cpu_devices", args.devices)
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
-  from gradcomp.bench import convergence
+  from bench import convergence
 
   labels = _methods("convergence", args.methods, convergence.METHODS)
   resnet = _methods(
@@ -164,7 +164,7 @@ def _seeded_arguments(parser, module, suite: str, methods_help: str) -> None:
 
 
 def _workload_argument(parser) -> None:
-  """``--workload``: the base config and metric (``gradcomp.bench.workloads``)."""
+  """``--workload``: the base config and metric (``bench.workloads``)."""
   parser.add_argument(
     "--workload",
     default="digits",
@@ -189,7 +189,7 @@ def _seeded_suite(suite: str, module, args: argparse.Namespace, docs: bool) -> N
     if getattr(args, name) < 1:
       flag = "--" + name.replace("_", "-")
       raise SystemExit(
-        f"python -m gradcomp.bench {suite}: error: {flag} must be >= 1, "
+        f"python -m bench {suite}: error: {flag} must be >= 1, "
         f"got {getattr(args, name)}"
       )
   # Before any computation: virtual CPU devices must be configured first.
@@ -207,7 +207,7 @@ def _seeded_suite(suite: str, module, args: argparse.Namespace, docs: bool) -> N
     steps=args.steps,
     eval_every=args.eval_every,
     out_dir=args.out,
-    docs_png=Path(__file__).resolve().parents[2] / "docs" / f"{suite}.png"
+    docs_png=Path(__file__).resolve().parents[1] / "docs" / f"{suite}.png"
     if (docs or defaults)
     else None,
     workload=workloads.get(args.workload),
@@ -234,13 +234,11 @@ def _gossip(args: argparse.Namespace) -> None:
   from absl import logging
 
   if args.workload != "digits":
-    raise SystemExit(
-      "python -m gradcomp.bench gossip: error: --gamma-sweep runs on digits only"
-    )
+    raise SystemExit("python -m bench gossip: error: --gamma-sweep runs on digits only")
   try:
     gammas = [float(x) for x in args.gamma_sweep.split(",") if x]
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench gossip: error: {e}") from None
+    raise SystemExit(f"python -m bench gossip: error: {e}") from None
   # Before any computation: virtual CPU devices must be configured first.
   jax.config.update("jax_num_cpu_devices", gossip.WORKERS)
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
@@ -249,17 +247,17 @@ def _gossip(args: argparse.Namespace) -> None:
       gammas, steps=args.steps, eval_every=args.eval_every, out_dir=args.out
     )
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench gossip: error: {e}") from None
+    raise SystemExit(f"python -m bench gossip: error: {e}") from None
 
 
 def _cdsgd_model(args: argparse.Namespace) -> None:
-  from gradcomp.bench import cdsgd_time
+  from bench import cdsgd_time
   from gradcomp.models import shapes
   from gradcomp.sim.cluster import Cluster
 
   if args.model not in shapes.MODELS:
     raise SystemExit(
-      f"python -m gradcomp.bench cdsgd-model: error: unknown --model "
+      f"python -m bench cdsgd-model: error: unknown --model "
       f"{args.model!r}; known: {', '.join(shapes.MODELS)}"
     )
   try:
@@ -277,7 +275,7 @@ def _cdsgd_model(args: argparse.Namespace) -> None:
       memory_gbps=args.memory_gbps,
     )
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench cdsgd-model: error: {e}") from e
+    raise SystemExit(f"python -m bench cdsgd-model: error: {e}") from e
   print(
     cdsgd_time.render_prediction(
       rows,
@@ -293,7 +291,7 @@ def _step(args: argparse.Namespace) -> None:
 
   # Before any computation: virtual CPU devices must be configured first.
   jax.config.update("jax_num_cpu_devices", args.devices)
-  from gradcomp.bench import fusion, step
+  from bench import fusion, step
 
   names = lambda text: tuple(x for x in text.split(",") if x)
   if args.compressors:
@@ -304,7 +302,7 @@ def _step(args: argparse.Namespace) -> None:
   try:
     step.validate(compressors, names(args.plans), args.batch, args.devices)
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench step: error: {e}") from None
+    raise SystemExit(f"python -m bench step: error: {e}") from None
   step.run(
     compressors=compressors,
     plans=names(args.plans),
@@ -315,7 +313,7 @@ def _step(args: argparse.Namespace) -> None:
 
 
 def _sizes(args: argparse.Namespace) -> None:
-  from gradcomp.bench import sizes
+  from bench import sizes
 
   sizes.run(
     compressors=args.only,
@@ -330,7 +328,7 @@ def _wire(args: argparse.Namespace) -> None:
 
   # Before any computation: virtual CPU devices must be configured first.
   jax.config.update("jax_num_cpu_devices", args.devices)
-  from gradcomp.bench import wire_suite
+  from bench import wire_suite
 
   wire_suite.run(
     models=tuple(x for x in args.models.split(",") if x),
@@ -344,19 +342,19 @@ def _wire(args: argparse.Namespace) -> None:
 def _factors(args: argparse.Namespace) -> None:
   from absl import logging
 
-  from gradcomp.bench import factors
+  from bench import factors
 
   names = lambda text: tuple(x for x in text.split(",") if x)
   try:
     workers = tuple(int(x) for x in names(args.workers))
     measure = tuple(int(x) for x in names(args.measure_workers))
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench factors: error: {e}") from None
+    raise SystemExit(f"python -m bench factors: error: {e}") from None
   models = names(args.models)
   unknown = sorted(set(models) - set(factors.MODELS))
   if unknown or not models or any(p < 1 for p in workers + measure) or args.steps < 1:
     raise SystemExit(
-      f"python -m gradcomp.bench factors: error: models must be among "
+      f"python -m bench factors: error: models must be among "
       f"{', '.join(factors.MODELS)} (got {unknown or 'none'}), worker counts and "
       f"--steps >= 1"
     )
@@ -371,7 +369,7 @@ def _factors(args: argparse.Namespace) -> None:
 
 
 def _predictor(args: argparse.Namespace) -> None:
-  from gradcomp.bench import predictor
+  from bench import predictor
 
   def floats(text):
     return tuple(float(x) for x in text.split(",") if x)
@@ -387,7 +385,7 @@ def _predictor(args: argparse.Namespace) -> None:
       out_dir=args.out,
     )
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench predictor: error: {e}") from None
+    raise SystemExit(f"python -m bench predictor: error: {e}") from None
   print(predictor.render(result))
 
 
@@ -395,7 +393,7 @@ def _edgegossip(args: argparse.Namespace) -> None:
   import jax
   from absl import logging
 
-  from gradcomp.bench import edgegossip
+  from bench import edgegossip
 
   def numbers(text, kind):
     return tuple(kind(x) for x in text.split(",") if x)
@@ -406,7 +404,7 @@ def _edgegossip(args: argparse.Namespace) -> None:
     aggregation = numbers(args.aggregation_ratios, int)
     methods = tuple(x for x in args.methods.split(",") if x)
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench edgegossip: error: {e}") from None
+    raise SystemExit(f"python -m bench edgegossip: error: {e}") from None
   # Before any computation: virtual CPU devices must be configured first.
   jax.config.update("jax_num_cpu_devices", edgegossip.DEVICES)
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
@@ -431,12 +429,12 @@ def _edgegossip(args: argparse.Namespace) -> None:
       real_check=not args.no_real_check,
       quick=args.quick,
       out_dir=args.out,
-      docs_png=Path(__file__).resolve().parents[2] / "docs" / "edgegossip.png"
+      docs_png=Path(__file__).resolve().parents[1] / "docs" / "edgegossip.png"
       if (args.docs or defaults)
       else None,
     )
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench edgegossip: error: {e}") from None
+    raise SystemExit(f"python -m bench edgegossip: error: {e}") from None
 
 
 def _transformer(args: argparse.Namespace) -> None:
@@ -444,7 +442,7 @@ def _transformer(args: argparse.Namespace) -> None:
   from absl import logging
 
   if args.suite == "streaming":
-    from gradcomp.bench import streaming
+    from bench import streaming
 
     known, runner = streaming.METHODS, streaming.run
   else:
@@ -455,7 +453,7 @@ def _transformer(args: argparse.Namespace) -> None:
     if value is not None and value < 1:
       flag = "--" + name.replace("_", "-")
       raise SystemExit(
-        f"python -m gradcomp.bench {args.suite}: error: {flag} must be >= 1, got {value}"
+        f"python -m bench {args.suite}: error: {flag} must be >= 1, got {value}"
       )
   # Before any computation: virtual CPU devices must be configured first.
   jax.config.update("jax_num_cpu_devices", transformer.WORKERS)
@@ -471,11 +469,11 @@ def _transformer(args: argparse.Namespace) -> None:
       reuse=args.reuse,
     )
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench {args.suite}: error: {e}") from None
+    raise SystemExit(f"python -m bench {args.suite}: error: {e}") from None
 
 
 def _streaming_methods() -> tuple[str, ...]:
-  from gradcomp.bench import streaming
+  from bench import streaming
 
   return streaming.DEFAULT_METHODS
 
@@ -514,7 +512,7 @@ def _hierarchy(args: argparse.Namespace) -> None:
 
   # Before any computation: the (2, 4) and (8,) meshes need 8 devices.
   jax.config.update("jax_num_cpu_devices", 8)
-  from gradcomp.bench import hierarchy
+  from bench import hierarchy
 
   try:
     nodes = tuple(int(n) for n in args.nodes.split(",") if n.strip())
@@ -525,11 +523,11 @@ def _hierarchy(args: argparse.Namespace) -> None:
       out_dir=args.out,
     )
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench hierarchy: error: {e}") from None
+    raise SystemExit(f"python -m bench hierarchy: error: {e}") from None
 
 
 def _device_step(args: argparse.Namespace) -> None:
-  from gradcomp.bench import device_step
+  from bench import device_step
 
   specs = tuple(x for x in args.compressors.split(",") if x)
   specs = specs or device_step.DEFAULT_COMPRESSORS
@@ -545,12 +543,12 @@ def _device_step(args: argparse.Namespace) -> None:
       device_step.parse(spec)
     setup.model()
   except (ValueError, KeyError) as e:
-    raise SystemExit(f"python -m gradcomp.bench device-step: error: {e}") from None
+    raise SystemExit(f"python -m bench device-step: error: {e}") from None
   device_step.run(specs, setup, repeats=args.repeats, out_dir=args.out)
 
 
 def _collectives(args: argparse.Namespace) -> None:
-  from gradcomp.bench import collectives
+  from bench import collectives
 
   try:
     collectives.run(
@@ -559,12 +557,12 @@ def _collectives(args: argparse.Namespace) -> None:
       out_dir=args.out,
     )
   except ValueError as e:
-    raise SystemExit(f"python -m gradcomp.bench collectives: error: {e}") from None
+    raise SystemExit(f"python -m bench collectives: error: {e}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(
-    prog="python -m gradcomp.bench",
+    prog="python -m bench",
     description=__doc__,
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
@@ -881,7 +879,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   ds.set_defaults(func=_device_step)
   args = parser.parse_args(argv)
   if args.suite in ("sizes", "wire"):
-    from gradcomp.bench import sizes, wire_suite
+    from bench import sizes, wire_suite
 
     try:
       sizes.select(args.only)

@@ -40,7 +40,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
-from gradcomp.bench.output import write_json
+from bench.output import write_json
 from gradcomp.compressors import registry
 from gradcomp.fusion.profiling import backend_name, steady_state_seconds
 from gradcomp.models import shapes

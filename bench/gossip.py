@@ -1,9 +1,9 @@
 """Decentralized training (issue 14): D-PSGD, CHOCO-SGD and GoSGD against all-reduce.
 
-``python -m gradcomp.bench gossip``. Every run is the real training program on
+``python -m bench gossip``. Every run is the real training program on
 ``configs/default.py`` (MLP on scikit-learn digits, 8 workers, 600 steps of
 128, inner SGD lr 0.1 momentum 0.9, plan ``single``), configured as the
-schemes suite does (:func:`gradcomp.bench.schemes.configure`) with
+schemes suite does (:func:`bench.schemes.configure`) with
 ``config.scheme`` and ``config.compressor`` per method of :data:`METHODS`,
 ``seeds`` seeds each (``config.seed``: init and data order), seed-major. It is
 evaluated every ``eval_every`` steps and logs (the consensus distance among
@@ -32,7 +32,7 @@ others) every :data:`LOG_EVERY` steps.
   probability 0.1 and 1.
 
 **CHOCO's gamma** (:data:`GAMMA`, one per codec, fixed across seeds) is the
-best of a sweep on seed 0, ``python -m gradcomp.bench gossip --gamma-sweep``
+best of a sweep on seed 0, ``python -m bench gossip --gamma-sweep``
 (:func:`gamma_sweep`, gammas :data:`SWEEP_GAMMAS`, 84 s on 2 cores): the
 gamma with the lowest mean consensus distance over the run's second half,
 which is what gamma steers. (The average model's final eval loss, the rule
@@ -116,7 +116,7 @@ its ratio to ``allreduce``'s.
   a consensus distance above zero, so "reaches consensus" is read as
   bounded and shrinking, not zero.
 
-**Workloads** (``--workload``, :mod:`gradcomp.bench.workloads`): the above is
+**Workloads** (``--workload``, :mod:`bench.workloads`): the above is
 ``digits``, the default. ``--workload gpt_tiny`` runs the same methods (the
 same graphs, codecs and CHOCO gammas: the digits sweep's, as the transformer
 suite's ``choco_ring`` does; not re-swept) on ``configs/gpt_tiny.py``, AdamW
@@ -131,7 +131,7 @@ stays on digits. The re-pricing is the same, from the runs' own FLOPs.
 Writes ``gossip.json``, ``gossip.md`` and ``gossip.png`` (accuracy against
 step; consensus distance against step, log; accuracy against simulated
 seconds on 64 workers at 10 Gbps) to ``--out`` via
-:func:`gradcomp.bench.output.publish`, and each run's workdir under
+:func:`bench.output.publish`, and each run's workdir under
 ``--out/gossip_runs/``.
 """
 
@@ -147,10 +147,10 @@ from typing import Any
 
 import numpy as np
 
-from gradcomp.bench import schemes, workloads
-from gradcomp.bench.output import publish
-from gradcomp.bench.schemes import Method
-from gradcomp.bench.workloads import DIGITS, Workload
+from bench import schemes, workloads
+from bench.output import publish
+from bench.schemes import Method
+from bench.workloads import DIGITS, Workload
 
 WORKERS = schemes.WORKERS
 #: Log (consensus distance, simulated seconds) interval in steps.
@@ -498,10 +498,10 @@ def run(
     eval_every: eval interval in steps; the last step is always evaluated.
     out_dir: where the outputs and the runs' workdirs go.
     docs_png: also copy ``gossip.png`` there, if given.
-    workload: the base config and metric (``gradcomp.bench.workloads``).
+    workload: the base config and metric (``bench.workloads``).
   """
   import gradcomp
-  from gradcomp.bench.compress import machine_info
+  from bench.compress import machine_info
 
   w = workload
   methods = schemes.check_run(
@@ -577,7 +577,7 @@ def gamma_sweep(
   over the run's second half (what gamma steers; :data:`GAMMA` holds the
   choice).
   """
-  from gradcomp.bench.compress import machine_info
+  from bench.compress import machine_info
 
   for g in gammas:
     if not 0 < g <= 1:
@@ -711,7 +711,7 @@ def workload_reading(
   ``synchronous_step_seconds``, gossip by ``gossip_step_seconds``.
   """
   import gradcomp
-  from gradcomp.bench.paper import v100_tflops
+  from bench.paper import v100_tflops
   from gradcomp.models import shapes
   from gradcomp.sim.clock import training_flops
 

@@ -1,4 +1,4 @@
-r"""EdgeGossip against GoSGD (paper 002; issue 15): ``python -m gradcomp.bench edgegossip``.
+r"""EdgeGossip against GoSGD (paper 002; issue 15): ``python -m bench edgegossip``.
 
 Every run is the real training program (``train.train.train_and_evaluate``)
 with ``config.scheme.name="edgegossip"`` (``train/edgegossip.py``): GoSGD on
@@ -111,7 +111,7 @@ epochs, one seed; GoSGD (re-priced) and EdgeGossip's simulated epoch times
 per ``R``. The data are noise, so only the clock is read.
 
 **Predictor run**: the performance predictor of paper 002 §3.3
-(``gradcomp.bench.predictor``) fitted on this machine in a quick profile
+(``bench.predictor``) fitted on this machine in a quick profile
 (:data:`PREDICTOR_FIT`: the MLP step under 0 to 2 CPU co-runners); then each
 pair of the 8 workers is given a co-running load (:data:`PREDICTOR_LOADS`:
 none, and two spinning processes at 25 %, 75 % and 100 % duty), measured for
@@ -152,8 +152,8 @@ from typing import Any
 
 import numpy as np
 
-from gradcomp.bench import output
-from gradcomp.bench.convergence import _stats
+from bench import output
+from bench.convergence import _stats
 
 #: Worker counts of the digits runs (the first n of :data:`DEVICES` devices).
 WORKERS = (4, 8)
@@ -192,7 +192,7 @@ PAPER = {
 }
 #: The synthetic CIFAR-format run (time only).
 CIFAR = {"workers": 8, "num_train": 1024, "num_test": 64, "model": "cnn", "epochs": 3}
-#: The predictor's quick fit (``gradcomp.bench.predictor.run`` keywords).
+#: The predictor's quick fit (``bench.predictor.run`` keywords).
 PREDICTOR_FIT = {
   "intensities": (0.0, 0.5, 1.0),
   "held_out": (),
@@ -366,7 +366,7 @@ def load_run(config, workdir: str | Path, run_seconds: float = math.nan) -> dict
     ValueError: if the program's epoch is not the suite's
       :func:`steps_per_epoch` (its eval interval).
   """
-  from gradcomp.bench import schemes
+  from bench import schemes
   from train import logs
 
   workdir = Path(workdir)
@@ -392,7 +392,7 @@ def load_run(config, workdir: str | Path, run_seconds: float = math.nan) -> dict
 
 def _train(config, workdir: Path) -> dict[str, Any]:
   """Trains ``config`` afresh in ``workdir`` (:func:`load_run`'s result)."""
-  from gradcomp.bench import convergence
+  from bench import convergence
 
   r = convergence.run_one(config, workdir)
   return load_run(config, workdir, r["run_seconds"])
@@ -880,12 +880,12 @@ def _window(step, box, x, y, seconds: float) -> dict[str, Any]:
 def measure_speeds(loads: Sequence[tuple[float, int]], workers: int) -> dict[str, Any]:
   """The predictor fitted here, then each load's ``U``, measured and predicted speed.
 
-  Fits ``gradcomp.bench.predictor`` (:data:`PREDICTOR_FIT`), then runs the
+  Fits ``bench.predictor`` (:data:`PREDICTOR_FIT`), then runs the
   same MLP step for :data:`PREDICTOR_WINDOW_S` under each load of ``loads``
   (``(duty, processes)``, ``gradcomp.edgegossip.co_runner``) while reading
   its co-running usage; worker ``w`` gets load ``w * len(loads) // workers``.
   """
-  from gradcomp.bench import predictor as bench_predictor
+  from bench import predictor as bench_predictor
   from gradcomp.edgegossip import predictor as predictor_lib
 
   start = time.perf_counter()
@@ -1231,7 +1231,7 @@ def run(
       t = time.perf_counter()
       result["predictor"] = _predictor_section(runner, seeds)
       walls["predictor"] = time.perf_counter() - t
-  from gradcomp.bench.compress import machine_info
+  from bench.compress import machine_info
 
   result.update(
     {

@@ -1,6 +1,6 @@
 """Count Sketch and Sketch-Fusion SGD on the ResNet-50 gradient, stage by stage.
 
-``python -m gradcomp.bench sketch [--model NAME]``: on one fused buffer of the ResNet-50
+``python -m bench sketch [--model NAME]``: on one fused buffer of the ResNet-50
 gradient (25,557,032 float32) with ``sketch_topk``'s default sketch for ratio
 0.01 (5 rows, ``ceil(4.75 k / 5)`` columns), times, each as its own compiled
 program, (1) sketching, (2) sketching + estimate-all + the norm estimate, (3)
@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 
 import gradcomp
-from gradcomp.bench import timing
-from gradcomp.bench.output import write_json
+from bench import timing
+from bench.output import write_json
 from gradcomp.compressors import checks
 from gradcomp.compressors.sketch_topk import default_cols, heavymix
 from gradcomp.kernels import count_sketch

@@ -46,7 +46,7 @@ The suite then checks three claims of paper 000 §5.1 against its own numbers
 (``layerfusion(sketch_topk)``) has the best scaling factor, PowerSGD gains
 little from fusion.
 
-Run: ``python -m gradcomp.bench scaling [--sources paper] [--only topk,dgc]``;
+Run: ``python -m bench scaling [--sources paper] [--only topk,dgc]``;
 writes ``scaling.json``, ``scaling.md`` and ``scaling_<source>.png`` to
 ``--out``. With the profiles cached it takes well under a minute on a 2-core
 CPU; a first run measures the 12 profiles first (about 2-6 minutes there,
@@ -62,9 +62,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 import gradcomp
-from gradcomp.bench import paper
-from gradcomp.bench.fusion import SEARCH_COMPRESSORS
-from gradcomp.bench.output import write_json
+from bench import paper
+from bench.fusion import SEARCH_COMPRESSORS
+from bench.output import write_json
 from gradcomp.compressors import registry
 from gradcomp.models import shapes
 from gradcomp.sim.model_workload import DEFAULT_TFLOPS, model_workload

@@ -44,8 +44,8 @@ import numpy as np
 import optax
 
 import gradcomp
-from gradcomp.bench import fusion as fusion_bench
-from gradcomp.bench import output
+from bench import fusion as fusion_bench
+from bench import output
 from gradcomp.fusion.profiling import steady_state_seconds
 from gradcomp.models.transformer import GPT, SIZES
 

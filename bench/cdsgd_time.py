@@ -47,7 +47,7 @@ of its fp32 peak (15.7 TFLOP/s) as the calibrated K80 of its own (4.37
 TFLOP/s per GK210 at boost clock): an assumption, no V100 number of the
 paper being legible. The tables also show a second reading, ``"V100
 (ResNet-50 rate)"``: NVIDIA's published fp32 ResNet-50 training rate (8.76
-TFLOP/s, :func:`gradcomp.bench.paper.v100_tflops`), which puts the small
+TFLOP/s, :func:`bench.paper.v100_tflops`), which puts the small
 models' steps on the exchange-bound side. Fig. 10's AlexNet and Inception-bn have no model in
 :mod:`gradcomp.models`; its VGG-16 is the CIFAR variant the library has.
 
@@ -69,8 +69,8 @@ import jax
 import jax.numpy as jnp
 
 import gradcomp
-from gradcomp.bench.compress import COMPRESSORS
-from gradcomp.bench.paper import V100_FP32_PEAK_TFLOPS, V100_HBM_GBPS, v100_tflops
+from bench.compress import COMPRESSORS
+from bench.paper import V100_FP32_PEAK_TFLOPS, V100_HBM_GBPS, v100_tflops
 from gradcomp.models import shapes
 from gradcomp.parallel.traced import traced_collectives
 from gradcomp.sim.clock import training_flops
@@ -127,7 +127,7 @@ K80_FP32_PEAK_TFLOPS = 2496 * 2 * 0.875e9 / 1e12
 K80_MEMORY_GBPS = 240.0
 #: The GPUs priced: fp32 peak TFLOP/s and memory GB/s. ``"V100"`` runs at the
 #: calibrated K80's fraction of its peak; ``"V100 (ResNet-50 rate)"`` at
-#: :func:`gradcomp.bench.paper.v100_tflops` (NVIDIA's published fp32
+#: :func:`bench.paper.v100_tflops` (NVIDIA's published fp32
 #: ResNet-50 training throughput of one V100, 8.76 TFLOP/s): two readings of
 #: an unknown, shown side by side.
 GPUS = {
@@ -225,7 +225,7 @@ def effective_flops_per_second(gpu: str) -> float:
   takes the paper's 1.78 s an epoch; the model must find that run
   compute-bound (``phi`` and ``delta + psi`` <= ``tau``), else it raises.
   ``"V100"``: the same fraction of its fp32 peak. ``"V100 (ResNet-50
-  rate)"``: :func:`gradcomp.bench.paper.v100_tflops`.
+  rate)"``: :func:`bench.paper.v100_tflops`.
   """
   nodes, method = CALIBRATION
   tau = PAPER_TABLE2[nodes][method] / steps_per_epoch(nodes)

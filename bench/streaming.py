@@ -1,9 +1,9 @@
 """Streaming DiLoCo on the transformer workload: loss, mean and peak bytes, WAN time.
 
-``python -m gradcomp.bench streaming [--methods ...] [--seeds 1] [--reuse]
+``python -m bench streaming [--methods ...] [--seeds 1] [--reuse]
 [--out bench_out/streaming/]``
 
-The runs are the transformer suite's (``gradcomp.bench.transformer.run``:
+The runs are the transformer suite's (``bench.transformer.run``:
 the training program on ``configs/gpt_tiny.py``, 8 workers, AdamW inner
 steps, 600 steps) with the methods of :data:`METHODS`:
 
@@ -27,7 +27,7 @@ steps, 600 steps) with the methods of :data:`METHODS`:
 
 **WAN clocks.** Each run's exchange (its ``sim.json``: the fragments' bytes
 from the compiled HLO, the overlap, the FLOPs per step) is re-priced
-(:func:`gradcomp.bench.transformer.reprice`) on described clusters of 4 to
+(:func:`bench.transformer.reprice`) on described clusters of 4 to
 16 datacentres x 8 workers at 1 to 100 Gbit/s between datacentres and 10 to
 100 ms latency (:data:`WAN`). A datacentre is one DiLoCo worker: its 8
 workers run the inner steps as data parallelism inside it, on 8 times the
@@ -51,8 +51,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gradcomp.bench import output, transformer
-from gradcomp.bench.transformer import Method
+from bench import output, transformer
+from bench.transformer import Method
 
 DILOCO_EVERY = transformer.DILOCO_EVERY
 FRAGMENTS = 4

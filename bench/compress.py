@@ -20,17 +20,17 @@ cheap compressors (none, fp16, signSGD). Times are medians of ``repeats`` calls 
 (compiling) call and one warm-up call; the first call's time is recorded as
 ``compile_ms``. A row's variants (gradcomp in both layouts, every peer) are
 timed in interleaved rounds, one call each per round
-(:func:`gradcomp.bench.timing.interleaved`), so the machine's drift over the
+(:func:`bench.timing.interleaved`), so the machine's drift over the
 row's seconds falls on all of them alike and their ratio compares programs,
 not moments.
 
 Each time is set against a **memory-bandwidth floor**: the bytes an ideal
 single-pass implementation must read and write (:class:`Floor`) divided by the copy
-bandwidth measured in the same run (:func:`gradcomp.bench.timing.copy_bandwidth_gbps`).
+bandwidth measured in the same run (:func:`bench.timing.copy_bandwidth_gbps`).
 This reproduces the measurement of paper 000 §3.1, Table 1 (ResNet-50 gradient on
 a V100), whose numbers are shown beside ours.
 
-Run: ``python -m gradcomp.bench compress [--model resnet50] [--only topk,dgc]``.
+Run: ``python -m bench compress [--model resnet50] [--only topk,dgc]``.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradcomp.bench import peers, timing, torch_peers
-from gradcomp.bench.output import write_json
+from bench import peers, timing, torch_peers
+from bench.output import write_json
 from gradcomp.models import shapes as shapes_lib
 
 _F32 = 4  # bytes per float32 element

@@ -17,7 +17,7 @@ import functools
 from collections.abc import Mapping, Sequence
 
 import gradcomp
-from gradcomp.bench.compress import COMPRESSORS
+from bench.compress import COMPRESSORS
 from gradcomp.compressors import registry
 from gradcomp.compressors import spec as spec_lib
 from gradcomp.models import shapes

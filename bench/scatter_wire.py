@@ -1,6 +1,6 @@
 """Wire and link bytes of the quantizing codecs' gather and scatter forms (issue 32).
 
-``python -m gradcomp.bench.scatter_wire [--size 1000000] [--workers 8] [--wide 64]``
+``python -m bench.scatter_wire [--size 1000000] [--workers 8] [--wide 64]``
 
 For ``size`` values on ``workers`` virtual CPU devices, each codec's gather
 and scatter (``exchange="scatter"``) forms are compiled and their

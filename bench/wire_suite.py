@@ -2,7 +2,7 @@
 
 For each model (ResNet-20, ResNet-50, the PTB LSTM; float32 gradient trees
 shaped as ``gradcomp.models.shapes.MODELS``) and each compressor of
-:data:`gradcomp.bench.fusion.SEARCH_COMPRESSORS`, built with
+:data:`bench.fusion.SEARCH_COMPRESSORS`, built with
 ``axis_name="data"``, the step is ``shard_map(tx.update)`` on ``workers``
 devices (8 virtual CPU devices by default), in two layouts:
 
@@ -41,7 +41,7 @@ collectives per step is the traced program's; XLA's combiners may merge
 collectives of one kind in the compiled program, which leaves the bytes as
 they are.
 
-Run: ``python -m gradcomp.bench wire [--models resnet20] [--only topk,none]``;
+Run: ``python -m bench wire [--models resnet20] [--only topk,none]``;
 about 2 minutes on the 2-core CPU with other jobs running, up to ~6 under a
 load average of 16 (almost all of it the 36 fused compiles). Writes
 ``wire.json`` and ``wire.png`` (bars: fraction of dense, log scale, one panel per model) to
@@ -61,11 +61,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
-from gradcomp.bench.compress import machine_info
-from gradcomp.bench.fusion import SEARCH_COMPRESSORS
-from gradcomp.bench.output import write_json
-from gradcomp.bench.plots import grouped_bar_plot
-from gradcomp.bench.sizes import select
+from bench.compress import machine_info
+from bench.fusion import SEARCH_COMPRESSORS
+from bench.output import write_json
+from bench.plots import grouped_bar_plot
+from bench.sizes import select
 from gradcomp.compressors.spec import spec_of
 from gradcomp.fusion.profiling import backend_name
 from gradcomp.models import shapes

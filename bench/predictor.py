@@ -62,7 +62,7 @@ the predictor from the result's samples (:func:`predictor_from`); a platform's
 rate is ``sum_i speed_i / t0`` samples per second (§3.3's extended
 estimator, :func:`~gradcomp.edgegossip.predictor.platform_rate`).
 
-``python -m gradcomp.bench predictor`` (or :func:`run`). The default (15
+``python -m bench predictor`` (or :func:`run`). The default (15
 settings: ``none``, CPU intensities 0 to 1 with 1 and 2 co-runners, disk
 writers at 0.25 to 1; 3 passes of 2.5 s windows) took 2 min 20 s on a shared
 2-core machine (compiling the step: 2-4 s).
@@ -485,7 +485,7 @@ def run(
     sample, ``steps``, ``corunner_cores``, ``pids``), ``t0``, and
     :func:`summarise`'s ``fit``, ``error``, ``regressions`` and ``rows``.
   """
-  from gradcomp.bench.compress import machine_info
+  from bench.compress import machine_info
 
   intensities, held_out = tuple(intensities), tuple(held_out)
   processes, disk = tuple(processes), tuple(disk)
@@ -565,7 +565,7 @@ def run(
   result["wall_s"] = time.perf_counter() - t_start
   result["loadavg_end"] = list(os.getloadavg())
   if out_dir is not None:
-    from gradcomp.bench.output import write_json
+    from bench.output import write_json
 
     write_json(out_dir, "predictor.json", result)
     Path(out_dir, "predictor.md").write_text(render(result) + "\n")

@@ -41,7 +41,7 @@ slowest cycle, in units of the fastest.
 **Staleness** is read from the last ``staleness_histogram`` row of each run
 (``async_ps`` only): pushes applied between a worker's pull and its push.
 
-**Workloads** (``--workload``, :mod:`gradcomp.bench.workloads`): the above is
+**Workloads** (``--workload``, :mod:`bench.workloads`): the above is
 ``digits``, the default. ``--workload gpt_tiny`` runs the same methods on
 ``configs/gpt_tiny.py`` with its AdamW as the server's optimizer:
 :func:`methods_for` sets the lr on the mean gradient to the workload's
@@ -68,9 +68,9 @@ from typing import Any
 
 import numpy as np
 
-from gradcomp.bench import collectives, output, schemes, workloads
-from gradcomp.bench.convergence import _stats
-from gradcomp.bench.workloads import DIGITS, Workload
+from bench import collectives, output, schemes, workloads
+from bench.convergence import _stats
+from bench.workloads import DIGITS, Workload
 
 WORKERS = schemes.WORKERS
 HETERO = (1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0)
