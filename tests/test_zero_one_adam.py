@@ -2,7 +2,8 @@
 
 The transcription follows DeepSpeed's ``zoadam.py`` step by step, with the
 module's stated readings (bias correction by step and by variance update,
-errors zeroed at the freeze, zero-variance coordinates held). The schedule
+errors zeroed at the freeze, zero-variance coordinates held, weight decay
+outside the accumulated update). The schedule
 of variance steps and synchronisations is recomputed here, independently
 of :func:`exchange_schedule`, and the two must agree.
 """
@@ -72,7 +73,10 @@ def np_zero_one_adam(params, grads):
     scale = np.sqrt(nu / (1 - B2**k)) + EPS
     mu = np.where(live, B1 * mu + (1 - B1) * g, 0.0)
     u = adam(mu, t, live)
-    acc, lr_sum = acc + u, lr_sum + LR
+    # Weight decay outside the accumulation: the accumulator takes the
+    # moment part and decays as the params do (the params are then
+    # prod(1 - LR WD) x_sync + acc on every worker).
+    acc, lr_sum = (1 - LR * WD) * acc + (u + LR * WD * p), lr_sum + LR
     sync = t % local_interval == 0
     local_counter += 1
     if local_counter == HYPER["local_step_scaler"]:
@@ -130,12 +134,39 @@ def test_zero_one_adam_matches_the_algorithm(mesh):
   assert not np.any(state.accumulator["w"]) and float(state.lr_sum[0]) == 0.0
 
 
+def test_with_zero_gradients_the_params_decay_as_adamws(mesh):
+  # Every phase (variance steps, 1-bit rounds, local steps, their
+  # synchronisations) with zero gradients: the moments stay zero and the
+  # decayed leaves follow AdamW's decoupled decay, x0 prod_t (1 - lr_t wd);
+  # the mask keeps "b" as it is. With the decay inside the accumulated
+  # update (DeepSpeed's), a synchronisation would undo the local steps'
+  # decay and send none of it (nothing is live to send).
+  rng = np.random.default_rng(8)
+  params = {k: rng.normal(size=shape).astype(np.float32) for k, shape in SHAPES.items()}
+  grads = {k: np.zeros((STEPS, N, *shape), np.float32) for k, shape in SHAPES.items()}
+  schedule = optax.linear_schedule(0.05, 0.01, STEPS)
+  wd = 0.5
+  tx = zero_one_adam(
+    schedule, weight_decay=wd, mask={"b": False, "w": True}, axis_name=AXIS, **HYPER
+  )
+  got, state = run_sharded(mesh, tx, params, grads)
+  factor = np.prod([1 - float(schedule(t)) * wd for t in range(STEPS)])
+  # Each step rounds x - lr (wd x) once or twice in float32 (2^-24 each):
+  # 12 steps stay under 1e-6 relative.
+  np.testing.assert_allclose(got["w"], params["w"] * factor, rtol=1e-6)
+  np.testing.assert_array_equal(got["b"], params["b"])
+  assert factor < 0.85  # The decay is there to see.
+  for leaf in jax.tree.leaves((state.mu, state.accumulator)):
+    assert not np.any(leaf)
+
+
 @pytest.mark.parametrize(
   ("kwargs", "message"),
   [
     ({"learning_rate": -1.0}, "learning_rate must be > 0"),
     ({"b2": 1.0}, r"b2 must be in \[0, 1\)"),
-    ({"var_freeze_step": -1}, "var_freeze_step must be an integer >= 0, got -1"),
+    ({"var_freeze_step": -1}, "var_freeze_step must be an integer >= 1, got -1"),
+    ({"var_freeze_step": 0}, "var_freeze_step must be an integer >= 1, got 0"),
     ({"var_update_scaler": 0}, "var_update_scaler must be an integer >= 1, got 0"),
     ({"local_step_clipper": 2.5}, "local_step_clipper must be an integer >= 1"),
     ({"weight_decay": -0.1}, "weight_decay must be >= 0"),

@@ -32,6 +32,24 @@ Readings, each a choice:
   updates :math:`k` (:math:`\hat v = v / (1 - \beta_2^k)`: an average of
   :math:`k` squared gradients), so the first steps are Adam's, not
   :math:`\sqrt{1 - \beta_2} / (1 - \beta_1)` = 3.2x larger.
+* **Weight decay outside the accumulated update.** A local step is
+  AdamW's, :math:`x \leftarrow (1 - \eta\lambda) x - \eta \hat m /
+  (\sqrt{\hat v} + \epsilon)`; the accumulator :math:`u` takes the
+  moment part only and decays with the params, :math:`u \leftarrow (1 -
+  \eta\lambda) u - \eta \hat m / (\sqrt{\hat v} + \epsilon)`, so the
+  local params are :math:`P x_s + u` with :math:`P = \prod (1 -
+  \eta\lambda)` the same on every worker. A synchronisation replaces
+  :math:`u` by the workers' average, and the momentum
+  :math:`m = -u / \sum \eta` carries no decay. DeepSpeed's ``zoadam.py``
+  puts the decay inside the update it accumulates
+  (``update = exp_avg / (exp_avg_sq.sqrt() + eps) + weight_decay * p``,
+  then ``comm_buffer.add_(-lr * update)``, the buffer being its
+  ``momentum_accumulator``): the momentum rebuilt
+  from it carries :math:`\lambda x`, which every later step applies again
+  through :math:`\hat m / (\sqrt{\hat v} + \epsilon)`, an effective
+  decay 1.85x (interval 16) to 10x (interval 1) the set one. Here, with
+  zero gradients, the params decay exactly as AdamW's (the tests check the
+  closed form :math:`x_0 \prod_t (1 - \eta_t \lambda)`).
 * **Errors at the freeze.** The error buffers hold gradient residuals
   before the freeze and accumulated-momentum residuals after; DeepSpeed
   zeroes them once at the switch, and so does this (it is the algorithm's,
@@ -219,14 +237,26 @@ def zero_one_adam(
       server_error=jnp.zeros((size,), jnp.float32),
     )
 
+  def decayed(tree):
+    """``wd * tree`` on the leaves the mask decays, 0 elsewhere."""
+    zeros = jax.tree.map(jnp.zeros_like, tree)
+    return decay.update(zeros, decay.init(tree), tree)[0]
+
+  def moment_step(mu, nu_hat, live, t):
+    """Adam's step from the moments alone (``-lr m_hat / (sqrt(v_hat) + eps)``)."""
+    mu_hat = optax.tree.bias_correction(mu, b1, t)
+    return jax.tree.map(
+      lambda m, v, on: jnp.where(on, -lr_at(t - 1) * (m / (jnp.sqrt(v) + eps)), 0.0),
+      mu_hat,
+      nu_hat,
+      live,
+    )
+
   def adam_step(mu, nu_hat, live, t, params):
     """AdamW's step from the moments (``-lr (m_hat / (sqrt(v_hat) + eps) + wd p)``)."""
-    mu_hat = optax.tree.bias_correction(mu, b1, t)
-    step = jax.tree.map(
-      lambda m, v, on: jnp.where(on, m / (jnp.sqrt(v) + eps), 0.0), mu_hat, nu_hat, live
-    )
-    step, _ = decay.update(step, decay.init(params), params)
-    return jax.tree.map(lambda s: -lr_at(t - 1) * s, step)
+    step = moment_step(mu, nu_hat, live, t)
+    lr = lr_at(t - 1)
+    return jax.tree.map(lambda s, d: s - lr * d, step, decayed(params))
 
   def corrected(nu, k):
     k = jnp.maximum(k, 1)
@@ -280,9 +310,20 @@ def zero_one_adam(
     mu = jax.tree.map(
       lambda m, g, on: jnp.where(on, b1 * m + (1 - b1) * g, 0.0), state.mu, grads, live
     )
-    updates = adam_step(mu, nu_hat, live, t, params)
-    accumulator = jax.tree.map(jnp.add, state.accumulator, updates)
-    lr_sum = state.lr_sum + lr_at(t - 1)
+    # AdamW's local step; the accumulator takes its moment part and decays
+    # as the params do (module docstring, weight decay): then the local
+    # params are P x_s + accumulator, P the product of (1 - lr wd) since
+    # the last synchronisation x_s, the same on every worker.
+    lr = lr_at(t - 1)
+    moments = moment_step(mu, nu_hat, live, t)
+    updates = jax.tree.map(lambda s, d: s - lr * d, moments, decayed(params))
+    accumulator = jax.tree.map(
+      lambda a, s, d: a + s - lr * d,
+      state.accumulator,
+      moments,
+      decayed(state.accumulator),
+    )
+    lr_sum = state.lr_sum + lr
     counter = state.local_counter + 1
     grow = counter == local_step_scaler
     state = state._replace(
@@ -297,8 +338,8 @@ def zero_one_adam(
     )
     if not sync:
       return updates, state._replace(accumulator=accumulator, lr_sum=lr_sum)
-    # Undo the local steps (the params return to the last synchronisation),
-    # then apply the workers' average accumulation.
+    # Undo the local steps' moment parts (the params return to the last
+    # synchronisation, decayed), then apply the workers' average accumulation.
     sent = jax.tree.map(
       lambda u, s, on: jnp.where(on, u * s, 0.0), accumulator, scale, live
     )
