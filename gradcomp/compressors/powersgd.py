@@ -41,6 +41,25 @@ def compresses(shape: tuple[int, ...], rank: int) -> bool:
   return rank * (n + m) < n * m
 
 
+#: How a 1-D (or scalar) leaf is sent: ``"matrix"`` reshapes it to the
+#: near-square :func:`matrix_shape` and factorises it (what a fused 1-D buffer
+#: needs); ``"dense"`` all-reduces it uncompressed, as Vogels et al. 2019 do
+#: for biases and normalisation scales (their reference code, §3).
+VECTORS = ("matrix", "dense")
+
+
+def goes_dense(shape: tuple[int, ...], rank: int, vectors: str = "matrix") -> bool:
+  """Whether a leaf of ``shape`` is all-reduced uncompressed rather than factorised.
+
+  It is when its rank-``rank`` factors would not be smaller than its matrix
+  (:func:`compresses`), or when it has fewer than two axes and ``vectors`` is
+  ``"dense"``.
+  """
+  if vectors == "dense" and len(shape) < 2:
+    return True
+  return not compresses(shape, rank)
+
+
 class PowerSGDLeafState(NamedTuple):
   q: jax.Array  # (cols, rank) float32: warm start, identical on every worker.
 
@@ -51,37 +70,55 @@ def _as_matrix(x: jax.Array) -> jax.Array:
   return jnp.pad(flat, (0, n * m - flat.shape[0])).reshape(n, m)
 
 
-def _orthonormal_columns(p: jax.Array) -> jax.Array:
+def orthonormal_columns(p: jax.Array) -> jax.Array:
+  """An orthonormal basis of the columns of ``p`` (``(..., rows, rank)``), by QR.
+
+  A leading batch axis orthogonalises each matrix of the stack on its own.
+  """
   # QR is scale-invariant; dividing by a power of two near max |p| first
   # (exact) keeps its column norms from overflowing.
-  q, _ = jnp.linalg.qr(p / numerics.power_of_two_above(numerics.max_abs(p)))
+  top = numerics.max_abs(p, axis=(-2, -1), keepdims=True)
+  q, _ = jnp.linalg.qr(p / numerics.power_of_two_above(top))
   return q
 
 
-def _unit_columns(q: jax.Array) -> jax.Array:
-  """``q`` with every non-zero column scaled to norm 1 (the same column space)."""
-  scale, root = numerics.scaled_norm(q, axis=0, keepdims=True)
+def unit_columns(q: jax.Array) -> jax.Array:
+  """``q`` with every non-zero column scaled to norm 1 (the same column space).
+
+  Columns are along axis -2, so a stack ``(..., cols, rank)`` works too.
+  """
+  scale, root = numerics.scaled_norm(q, axis=-2, keepdims=True)
   return q / scale / jnp.where(root > 0, root, 1.0)
 
 
-def _transposed_product(m: jax.Array, p: jax.Array) -> jax.Array:
-  """``m.T @ p`` for a thin ``p`` (rank columns), as a fused multiply-reduce.
+def transposed_product(m: jax.Array, p: jax.Array) -> jax.Array:
+  """``m^T @ p`` for a thin ``p`` (rank columns), as a fused multiply-reduce.
 
   XLA:CPU's dot contracting ``m``'s rows ran 8x slower than ``m @ q`` on a
   (4608, 512) matrix at rank 4 (1.84 vs 0.23 ms); the broadcast product
   summed over the rows reads ``m`` once in 0.49 ms (BUILD_NOTES, issue 18).
-  The same products are added, in another order.
+  The same products are added, in another order. ``m`` ``(..., rows, cols)``
+  and ``p`` ``(..., rows, rank)`` may carry a leading batch axis.
   """
-  return jnp.sum(m[:, :, None] * p[:, None, :], axis=0)
+  return jnp.sum(m[..., :, :, None] * p[..., :, None, :], axis=-3)
 
 
-def _headroom(size: int) -> float:
+def headroom(size: int) -> float:
   """``2**-k`` for the smallest ``k`` with ``2**k >= sqrt(size)``."""
   return 2.0 ** -math.ceil(math.log2(max(size, 1)) / 2)
 
 
-def powersgd_codec(rank: int, axis_name: exchange.AxisName) -> LeafCodec:
+def factor_limit(rank: int) -> float:
+  """Where ``Q``'s entries saturate: ``|P Q^T|`` stays below half the float32 max."""
+  return numerics.FLOAT32_MAX / (2 * math.sqrt(rank))
+
+
+def powersgd_codec(
+  rank: int, axis_name: exchange.AxisName, vectors: str = "matrix"
+) -> LeafCodec:
   """One power iteration per step; leaves too small to compress go dense.
+
+  So do 1-D leaves when ``vectors="dense"`` (:func:`goes_dense`).
 
   Overflow-free for every finite ``x`` (all scales are powers of two, so they
   round nothing): the warm start is rescaled to unit columns times ``2**-a``
@@ -94,24 +131,24 @@ def powersgd_codec(rank: int, axis_name: exchange.AxisName) -> LeafCodec:
   """
 
   def init(leaf, key):
-    if not compresses(tuple(leaf.shape), rank):
+    if goes_dense(tuple(leaf.shape), rank, vectors):
       return ()
     _, m = matrix_shape(tuple(leaf.shape))
     return PowerSGDLeafState(q=jax.random.normal(key, (m, rank), jnp.float32))
 
   def apply(x, state, key, step):
     del key, step
-    if not compresses(x.shape, rank):
+    if goes_dense(x.shape, rank, vectors):
       return exchange.all_reduce_mean(x, axis_name), jnp.zeros_like(x), state
     rows, cols = matrix_shape(x.shape)
-    down_p, down_q = _headroom(cols), _headroom(rows)
+    down_p, down_q = headroom(cols), headroom(rows)
     m = _as_matrix(x)
-    p = exchange.all_reduce_mean(m @ (_unit_columns(state.q) * down_p), axis_name)
-    p = _orthonormal_columns(p)
-    q = exchange.all_reduce_mean(_transposed_product(m, p * down_q), axis_name)
+    p = exchange.all_reduce_mean(m @ (unit_columns(state.q) * down_p), axis_name)
+    p = orthonormal_columns(p)
+    q = exchange.all_reduce_mean(transposed_product(m, p * down_q), axis_name)
     q = q * (1.0 / down_q)
     # Saturating the small factor bounds every entry of P Q^T by max / 2.
-    limit = numerics.FLOAT32_MAX / (2 * math.sqrt(rank))
+    limit = factor_limit(rank)
     q = jnp.clip(q, -limit, limit)
     approx = (p @ q.T).reshape(-1)[: x.size].reshape(x.shape)
     big = numerics.FLOAT32_MAX
@@ -122,7 +159,11 @@ def powersgd_codec(rank: int, axis_name: exchange.AxisName) -> LeafCodec:
 
 @recorded
 def powersgd(
-  rank: int = 4, *, seed: int = 0, axis_name: exchange.AxisName = None
+  rank: int = 4,
+  *,
+  seed: int = 0,
+  axis_name: exchange.AxisName = None,
+  vectors: str = "matrix",
 ) -> optax.GradientTransformation:
   """PowerSGD with warm start and error feedback.
 
@@ -137,7 +178,14 @@ def powersgd(
   start) and starts from a Gaussian drawn from ``seed``, the same on every
   worker. The output is exact whenever the workers' mean ``M`` has rank
   ``<= rank``. Leaves whose factors would not be smaller than the matrix are
-  all-reduced uncompressed, as in the reference implementation.
+  all-reduced uncompressed, as in the reference implementation; so are 1-D
+  leaves with ``vectors="dense"`` (the paper's treatment of biases).
+
+  Under ``gradcomp.layerfusion`` PowerSGD keeps these semantics (DESIGN §14):
+  every leaf of a fused group keeps its own ``P`` and ``Q``, leaves of one
+  matrix shape are factorised as one batch, and each group all-reduces its
+  ``P``'s (with its dense leaves) and its ``Q``'s in one collective each
+  (:func:`gradcomp.compressors.powersgd_groups.powersgd_per_leaf`).
 
   Bad input: NaN or Inf gradient coordinates are dropped by the error
   feedback (``memory.py``: the memory keeps its value there), so state and
@@ -151,9 +199,15 @@ def powersgd(
     rank: the rank ``r``, >= 1.
     seed: seeds the initial ``Q``.
     axis_name: the mapped axis of the workers, or ``None`` for one device.
+    vectors: ``"matrix"`` (a 1-D leaf is reshaped to a near-square matrix and
+      factorised) or ``"dense"`` (a 1-D leaf is all-reduced uncompressed);
+      :data:`VECTORS`.
 
   Returns:
     An ``optax.GradientTransformation``.
+
+  Raises:
+    ValueError: ``rank`` below 1 or ``vectors`` not in :data:`VECTORS`.
 
   Examples:
     A 3 x 4 matrix of rank 1 is sent as P (3 x 1) and Q (4 x 1) and
@@ -178,4 +232,12 @@ def powersgd(
     Vogels et al., NeurIPS 2019, Alg. 1-2; paper 000 Table 1 and §5.
   """
   rank = checks.at_least("rank", rank, 1)
-  return leafwise(error_feedback(powersgd_codec(rank, axis_name)), seed=seed)
+  vectors = checked_vectors(vectors)
+  return leafwise(error_feedback(powersgd_codec(rank, axis_name, vectors)), seed=seed)
+
+
+def checked_vectors(vectors) -> str:
+  """``vectors`` if it is one of :data:`VECTORS`, else a ValueError naming it."""
+  if vectors not in VECTORS:
+    raise ValueError(f"vectors must be one of {VECTORS}, got {vectors!r}")
+  return vectors

@@ -81,6 +81,20 @@ def _split(buffers, plan: Plan, like) -> list:
   return leaves
 
 
+def _groups_of(leaves, plan: Plan) -> tuple:
+  """The leaves of each group of ``plan``, as a tuple of tuples (not fused)."""
+  return tuple(tuple(leaves[i] for i in group) for group in plan.groups)
+
+
+def _ungroup(groups, plan: Plan, like) -> list:
+  """Inverse of :func:`_groups_of`, each leaf cast back to the dtype of ``like``."""
+  leaves = [None] * plan.num_leaves
+  for group, outputs in zip(plan.groups, groups, strict=True):
+    for i, out in zip(group, outputs, strict=True):
+      leaves[i] = numerics.saturate(jnp.reshape(out, jnp.shape(like[i])), like[i].dtype)
+  return leaves
+
+
 def _groups_by_form(plan: Plan) -> dict[str, list[int]]:
   """``{form: positions of its groups}``, the forms in order of first use."""
   positions: dict[str, list[int]] = {}
@@ -93,6 +107,7 @@ def fusion_transform(
   inner: optax.GradientTransformation,
   resolve: Callable[[list], Plan],
   in_form: Callable[[str], optax.GradientTransformation] | None = None,
+  per_leaf: optax.GradientTransformation | None = None,
 ) -> optax.GradientTransformation:
   """``inner`` on the fused buffers of the plan ``resolve(leaves)`` returns.
 
@@ -104,6 +119,12 @@ def fusion_transform(
   A plan with :attr:`Plan.forms` hands the buffers of each form, as one
   tuple in group order, to ``in_form(form)`` (``inner`` built with that
   ``exchange=``); the state is then ``{form: its state}``.
+
+  ``per_leaf`` (DESIGN §14), for a plan without forms: ``inner``'s per-leaf
+  form (``gradcomp.compressors.scopes.per_leaf_form``). It is handed the
+  tuple of groups, each the tuple of its leaves in plan order, rather than
+  their concatenations, so that each leaf keeps ``inner``'s per-leaf
+  semantics inside the group's program; its state replaces ``inner``'s.
   """
   built: dict[str, optax.GradientTransformation] = {}
 
@@ -120,6 +141,8 @@ def fusion_transform(
   def init_fn(params):
     leaves = jax.tree.leaves(params)
     plan = resolve(leaves)
+    if per_leaf is not None and plan.forms is None:
+      return LayerFusionState(inner=per_leaf.init(_groups_of(leaves, plan)))
     buffers = _fuse(leaves, plan)
     if plan.forms is None:
       return LayerFusionState(inner=inner.init(buffers))
@@ -133,6 +156,15 @@ def fusion_transform(
   def update_fn(updates, state, params=None):
     leaves, treedef = jax.tree.flatten(updates)
     fusion = resolve(leaves)
+    if per_leaf is not None and fusion.forms is None:
+      grouped_params = None
+      if params is not None:
+        grouped_params = _groups_of(treedef.flatten_up_to(params), fusion)
+      groups, inner_state = per_leaf.update(
+        _groups_of(leaves, fusion), state.inner, grouped_params
+      )
+      out = _ungroup(groups, fusion, leaves)
+      return jax.tree.unflatten(treedef, out), LayerFusionState(inner=inner_state)
     fused_params = None
     if params is not None:
       fused_params = _fuse(treedef.flatten_up_to(params), fusion)
@@ -158,11 +190,12 @@ def fused(
   inner: optax.GradientTransformation,
   plan: Plan,
   in_form: Callable[[str], optax.GradientTransformation] | None = None,
+  per_leaf: optax.GradientTransformation | None = None,
 ) -> optax.GradientTransformation:
   """``inner`` on the buffers of one fixed ``plan`` (for trees of its leaf count).
 
-  ``in_form``: for a plan with :attr:`Plan.forms`, ``inner`` in each form
-  (:func:`fusion_transform`).
+  ``in_form``: for a plan with :attr:`Plan.forms`, ``inner`` in each form;
+  ``per_leaf``: ``inner``'s per-leaf form (:func:`fusion_transform`).
   """
 
   def resolve(leaves) -> Plan:
@@ -172,4 +205,4 @@ def fused(
       )
     return plan
 
-  return fusion_transform(inner, resolve, in_form)
+  return fusion_transform(inner, resolve, in_form, per_leaf)

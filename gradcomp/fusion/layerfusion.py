@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradcomp.compressors import axes
+from gradcomp.compressors import axes, scopes
 from gradcomp.compressors.scatter import FORMS, SCATTERED
 from gradcomp.compressors.spec import spec_of
 from gradcomp.fusion import profiling
@@ -146,6 +146,7 @@ def layerfusion(
   backward_seconds: float | Sequence[float] = 0.0,
   search: str = "heuristic",
   exchange: str | None = None,
+  per_leaf: bool | None = None,
 ) -> optax.GradientTransformation:
   """Applies ``inner`` to fused buffers, one per group of leaves.
 
@@ -170,6 +171,16 @@ def layerfusion(
   to ``inner`` as it is (its own shape and dtype), so ``plan="layerwise"`` is
   exactly ``inner`` applied to the tree, also for shape-aware compressors
   (PowerSGD's matrices).
+
+  Semantics (DESIGN §14): a compressor declares what fusion may change
+  (``gradcomp.compressors.scopes``: per element, per leaf, per buffer). A
+  per-leaf compressor with a per-leaf form (``powersgd``) keeps its published
+  semantics inside the fused program: the form receives each group's leaves
+  rather than their concatenation, treats every leaf as ``inner`` would alone,
+  and batches and exchanges the group at once (PowerSGD: one ``(P, Q)`` per
+  leaf, leaves of one matrix shape in one batched product and QR, one
+  all-reduce of the group's ``P``'s and one of its ``Q``'s). It equals the
+  layer-wise plan up to float32 summation order.
 
   Planning is static Python on the number of leaves, so the wrapper works
   inside ``jit``, ``shard_map`` and ``pmap``; ``init`` accepts
@@ -214,6 +225,12 @@ def layerfusion(
       of one form go to that form's compressor as one tuple; the plan
       records the forms (:attr:`Plan.forms`), and an explicit plan with
       forms is applied the same way.
+    per_leaf: ``None`` (the default): ``inner``'s per-leaf form when it has
+      one (``scopes.per_leaf_form``), else fused buffers; ``True``: require
+      the per-leaf form; ``False``: every group is one buffer, one unit of
+      compression, whatever ``inner`` declares (the seed's fused form, e.g.
+      PowerSGD of one near-square matrix per group). Plans with exchange
+      forms always use fused buffers.
 
   The ``"auto"`` plan is computed from static shapes the first time a tree
   structure is seen (in ``init``), so it works inside ``jit``, ``shard_map``
@@ -227,7 +244,8 @@ def layerfusion(
       measured for another compressor, ``exchange="auto"`` without
       ``plan="auto"`` or with a compressor that has one form, an
       ``"auto"`` plan of a transformation gradcomp did not build without
-      a profile, a bad ``order``, an ``order`` the
+      a profile, ``per_leaf=True`` for a compressor without a per-leaf
+      form, a bad ``order``, an ``order`` the
       plan's groups are not contiguous in, or (at ``init`` / ``update``) a
       plan or order made for a different number of leaves.
 
@@ -264,10 +282,18 @@ def layerfusion(
       f'exchange="auto" chooses forms with the cost model: it needs plan="auto", '
       f"got plan={plan!r}"
     )
+  if per_leaf not in (None, True, False):
+    raise ValueError(f"per_leaf must be None, True or False, got {per_leaf!r}")
+  leaf_form = None if per_leaf is False else scopes.per_leaf_form(inner)
+  if per_leaf is True and leaf_form is None:
+    raise ValueError(
+      "per_leaf=True needs a compressor with a per-leaf form under fusion "
+      f"(scope {scopes.scope_of(inner)!r}); those with one: powersgd"
+    )
   spec = spec_of(inner)
   if isinstance(plan, Plan):
     forms = None if plan.forms is None else in_forms(inner)
-    return _checked(fused(inner, plan, forms), inner)
+    return _checked(fused(inner, plan, forms, leaf_form), inner)
   # Only an "auto" plan needs the devices (a named plan may be built before
   # the backend is set up).
   planned_on = cluster
@@ -301,7 +327,7 @@ def layerfusion(
     return auto_plans[sizes]
 
   forms = in_forms(inner) if exchange == "auto" else None
-  return _checked(fusion_transform(inner, resolve, forms), inner)
+  return _checked(fusion_transform(inner, resolve, forms, leaf_form), inner)
 
 
 def _checked(
