@@ -1,4 +1,4 @@
-"""Hostile gradients through 1-bit Adam, 0/1 Adam and DeMo, as the program wraps them.
+"""Hostile gradients through 1-bit, compressed-momentum and 0/1 Adam and DeMo, as the program wraps them.
 
 The training program puts each optimizer inside ``gradcomp.apply_if_finite``
 (any worker's non-finite gradient skips the step on every worker). One
@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import gradcomp
 from gradcomp.compressors import exchange
+from gradcomp.optimizers.compressed_adam import compressed_adam
 from gradcomp.parallel.branches import varying_axes
 from gradcomp.parallel.workers import add_worker_axis
 
@@ -34,6 +35,9 @@ OPTIMIZERS = {
     axis_name=AXIS,
   ),
   "demo": lambda: gradcomp.demo(1e-2, chunk=4, topk=2, axis_name=AXIS),
+  "compressed_adam": lambda: compressed_adam(
+    1e-2, gradcomp.topk(0.25, axis_name=AXIS), freeze_step=1, axis_name=AXIS
+  ),
 }
 # The leaves: a matrix, a bfloat16 vector, a scalar, one element.
 SHAPES = {"m": ((6, 5), jnp.float32), "b": ((8,), jnp.bfloat16), "s": ((), jnp.float32)}

@@ -66,7 +66,8 @@ import jax.numpy as jnp
 import optax
 
 from gradcomp.compressors import axes, exchange, scatter
-from gradcomp.parallel import branches
+from gradcomp.optimizers import frozen_variance
+from gradcomp.optimizers.frozen_variance import check_adam as check_adam
 
 
 class OneBitAdamState(NamedTuple):
@@ -85,42 +86,31 @@ class OneBitAdamState(NamedTuple):
   server_error: jax.Array
 
 
-def check_adam(learning_rate, b1, b2, eps, weight_decay, **counts: int) -> None:
-  """Raises ``ValueError`` naming an Adam hyper-parameter outside its range.
+def onebit_exchange(axis_name: exchange.AxisName) -> frozen_variance.MomentumExchange:
+  """The two-stage 1-bit all-reduce of the momenta, flattened into one buffer.
 
-  ``counts``: integer hyper-parameters, each ``>= 1``. A ``freeze_step``
-  (``var_freeze_step``) of 0 would leave the variance at zero, its bias
-  correction ``1 - b2**0`` at zero: every 1-bit Adam update NaN, every 0/1
-  Adam update weight decay alone.
+  Its fields are :class:`OneBitAdamState`'s errors; every error entry off
+  the live coordinates is kept at zero (nothing to send there).
   """
-  if not callable(learning_rate) and not learning_rate > 0:
-    raise ValueError(f"learning_rate must be > 0 or a schedule, got {learning_rate}")
-  for name, value in counts.items():
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-  for name, value in (("b1", b1), ("b2", b2)):
-    if not 0 <= value < 1:
-      raise ValueError(f"{name} must be in [0, 1), got {value}")
-  if not eps > 0:
-    raise ValueError(f"eps must be > 0, got {eps}")
-  if not weight_decay >= 0:
-    raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
 
+  def init(zeros):
+    size = sum(x.size for x in jax.tree.leaves(zeros))
+    return {
+      "worker_error": jnp.zeros((size,), jnp.float32),
+      "server_error": jnp.zeros((size,), jnp.float32),
+    }
 
-def _flat(tree) -> jax.Array:
-  leaves = jax.tree.leaves(tree)
-  if not leaves:
-    return jnp.zeros((0,), jnp.float32)
-  return jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves])
+  def apply(local, live, state):
+    mean, worker_error, server_error = scatter.onebit_allreduce(
+      frozen_variance.flat(local), state.worker_error, state.server_error, axis_name
+    )
+    on = frozen_variance.flat(live) > 0
+    return frozen_variance.unflat(mean, local), {
+      "worker_error": jnp.where(on, worker_error, 0.0),
+      "server_error": jnp.where(on, server_error, 0.0),
+    }
 
-
-def _unflat(flat: jax.Array, like):
-  leaves, treedef = jax.tree.flatten(like)
-  out, start = [], 0
-  for x in leaves:
-    out.append(flat[start : start + x.size].reshape(x.shape).astype(x.dtype))
-    start += x.size
-  return jax.tree.unflatten(treedef, out)
+  return frozen_variance.MomentumExchange(init, apply)
 
 
 def onebit_adam(
@@ -170,76 +160,19 @@ def onebit_adam(
     True
   """
   check_adam(learning_rate, b1, b2, eps, weight_decay, freeze_step=freeze_step)
-  adamw = optax.adamw(
-    learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask
+  tx = frozen_variance.frozen_variance_adam(
+    learning_rate,
+    onebit_exchange(axis_name),
+    OneBitAdamState,
+    name="onebit_adam",
+    freeze_step=freeze_step,
+    b1=b1,
+    b2=b2,
+    eps=eps,
+    weight_decay=weight_decay,
+    mask=mask,
+    axis_name=axis_name,
   )
-  # optax.adamw's own chain: scale_by_adam, add_decayed_weights, scale_by_learning_rate.
-  decay = optax.add_decayed_weights(weight_decay, mask)
-  rate = optax.scale_by_learning_rate(learning_rate)
-
-  def init_fn(params):
-    # Zeros like the params (their sharding kept; shapes alone will do).
-    f32 = lambda x: jnp.zeros_like(x, jnp.float32)
-    size = sum(x.size for x in jax.tree.leaves(params))
-    return OneBitAdamState(
-      adam=adamw.init(jax.tree.map(f32, params)),
-      worker_error=jnp.zeros((size,), jnp.float32),
-      server_error=jnp.zeros((size,), jnp.float32),
-    )
-
-  def warmup(grads, state, params):
-    mean = exchange.all_reduce_mean(grads, axis_name)
-    updates, adam = adamw.update(mean, state.adam, params)
-    return updates, state._replace(adam=adam)
-
-  def compressed(grads, state, params):
-    scaled, decayed, scheduled = state.adam
-    count = optax.safe_increment(scaled.count)
-    # The variance as bias-corrected at the freeze step (module docstring).
-    frozen = 1 - b2**freeze_step
-    nu_hat = jax.tree.map(lambda v: v / frozen, scaled.nu)
-    live = jax.tree.map(lambda v: v > 0, scaled.nu)  # Zero-gradient coordinates: off.
-    local = jax.tree.map(
-      lambda m, g, on: jnp.where(on, b1 * m + (1 - b1) * g, 0.0), scaled.mu, grads, live
-    )
-    mean, worker_error, server_error = scatter.onebit_allreduce(
-      _flat(local), state.worker_error, state.server_error, axis_name
-    )
-    mu = jax.tree.map(
-      lambda m, on: jnp.where(on, m, 0.0), _unflat(mean, scaled.mu), live
-    )
-    mu_hat = optax.tree.bias_correction(mu, b1, count)
-    updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu_hat, nu_hat)
-    updates, decayed = decay.update(updates, decayed, params)
-    updates, scheduled = rate.update(updates, scheduled, params)
-    # Every error entry off the live coordinates stays zero (nothing to send).
-    on = _flat(live) > 0
-    adam = (scaled._replace(count=count, mu=mu), decayed, scheduled)
-    return updates, OneBitAdamState(
-      adam=adam,
-      worker_error=jnp.where(on, worker_error, 0.0),
-      server_error=jnp.where(on, server_error, 0.0),
-    )
-
-  def update_fn(grads, state, params=None):
-    if params is None:
-      raise ValueError("onebit_adam needs params (decoupled weight decay)")
-    grads32 = jax.tree.map(lambda g: jnp.asarray(g, jnp.float32), grads)
-    params32 = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
-    # The compressed branch's errors are per worker, the warm-up's as they
-    # came in: the join types both alike (and the state as it came in).
-    in_warmup = state.adam[0].count < freeze_step
-    updates, new_state = branches.joined_cond(
-      in_warmup,
-      lambda s: warmup(grads32, s, params32),
-      lambda s: compressed(grads32, s, params32),
-      state,
-    )
-    updates = jax.tree.map(lambda u, p: u.astype(jnp.asarray(p).dtype), updates, params)
-    return updates, exchange.vary_like(new_state, state)
-
   # Its axes filed so hierarchical() can take it as its inner (DESIGN §7);
   # params that are shards of a partition across axis_name are refused.
-  return axes.checked(
-    optax.GradientTransformation(init_fn, update_fn), axis_name, strict=False
-  )
+  return axes.checked(tx, axis_name, strict=False)

@@ -74,7 +74,9 @@ import jax.numpy as jnp
 import optax
 
 from gradcomp.compressors import axes, exchange, scatter
-from gradcomp.optimizers.onebit_adam import _flat, _unflat, check_adam
+from gradcomp.optimizers.frozen_variance import check_adam
+from gradcomp.optimizers.frozen_variance import flat as _flat
+from gradcomp.optimizers.frozen_variance import unflat as _unflat
 from gradcomp.parallel import branches
 
 #: What a step sends (:func:`exchange_schedule`).
