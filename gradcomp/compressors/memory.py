@@ -4,7 +4,14 @@ DESIGN §1, *memory*; paper 004 §4 (1-bit quantization with error feedback,
 Seide et al. 2014) and Karimireddy et al. 2019 (EF-signSGD):
 
 .. math::
-  e_t = r_{t-1} + g_t, \\quad p_t = C(e_t), \\quad r_t = e_t - D(p_t)
+  e_t = \\beta\\, r_{t-1} + g_t, \\quad p_t = C(e_t), \\quad r_t = e_t - D(p_t)
+
+with ``decay`` :math:`\\beta = 1` (every compressor's default: nothing is
+forgotten). SparseLoCo (Sarfi et al. 2025, arXiv 2508.15706, Alg. 1) decays
+the memory, :math:`\\beta < 1`, so that it stands for DiLoCo's outer
+momentum; then what was sent plus what is kept is the decayed sum of the
+gradients, :math:`r_T + \\sum_{t \\le T} \\beta^{T-t} D(p_t) = \\sum_{t \\le T}
+\\beta^{T-t} g_t`.
 
 Non-finite policy, per coordinate: where ``r_{t-1} + g_t`` is a NaN or an Inf
 (a non-finite gradient coordinate, or two finite values whose sum overflows
@@ -41,18 +48,38 @@ class ErrorFeedbackState(NamedTuple):
   inner: Any  # the wrapped codec's state.
 
 
-def corrected(residual: jax.Array, g: jax.Array) -> jax.Array:
-  """``e = r + g``, with ``g`` dropped where the sum is not finite (one pass)."""
+def corrected(residual: jax.Array, g: jax.Array, decay: float = 1.0) -> jax.Array:
+  """``e = decay * r + g``, with ``g`` dropped where the sum is not finite (one pass).
+
+  ``decay=1`` multiplies nothing: the program is today's ``r + g``.
+  """
+  if decay != 1.0:
+    residual = decay * residual
   e = residual + g
   return jnp.where(jnp.isfinite(e), e, residual)
 
 
-def error_feedback(codec: LeafCodec) -> LeafCodec:
+def check_decay(decay) -> float:
+  """``decay`` checked to be a number in [0, 1].
+
+  Raises:
+    ValueError: naming ``decay``, its value and the range.
+  """
+  if not (
+    isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0 <= decay <= 1
+  ):
+    raise ValueError(f"ef_decay must be a number in [0, 1], got {decay!r}")
+  return float(decay)
+
+
+def error_feedback(codec: LeafCodec, decay: float = 1.0) -> LeafCodec:
   """Wraps ``codec`` so that what it leaves behind is sent in later steps.
 
   Args:
     codec: the per-leaf compression and exchange to wrap; it is applied to
-      ``e = r + g`` and its remainder becomes the new ``r``.
+      ``e = decay * r + g`` and its remainder becomes the new ``r``.
+    decay: the memory's decay :math:`\\beta` in [0, 1]; 1 keeps all of it
+      (the default), 0 forgets it (no error feedback, but a residual kept).
 
   Returns:
     A ``LeafCodec`` whose state is an ``ErrorFeedbackState`` (the residual
@@ -85,14 +112,18 @@ def error_feedback(codec: LeafCodec) -> LeafCodec:
       inner=codec.init(leaf, key),
     )
 
+  decay = check_decay(decay)
+
   def apply(g, state, key, step):
-    e = corrected(state.residual, g)
+    e = corrected(state.residual, g, decay)
     mean, remainder, inner = codec.apply(e, state.inner, key, step)
     return mean, remainder, ErrorFeedbackState(remainder, inner)
 
   return LeafCodec(init, apply)
 
 
-def maybe_error_feedback(codec: LeafCodec, enabled: bool) -> LeafCodec:
-  """``error_feedback(codec)`` when ``enabled``, else ``codec`` unchanged."""
-  return error_feedback(codec) if enabled else codec
+def maybe_error_feedback(
+  codec: LeafCodec, enabled: bool, decay: float = 1.0
+) -> LeafCodec:
+  """``error_feedback(codec, decay)`` when ``enabled``, else ``codec`` unchanged."""
+  return error_feedback(codec, decay) if enabled else codec
