@@ -279,7 +279,7 @@ def test_the_compiled_step_sends_dense_then_the_codecs_payload(mesh):
     ({"codec": "topk"}, "codec must be an optax.GradientTransformation.*got str"),
     (
       {"codec": gradcomp.topk(0.1, axis_name="other")},
-      r"codec must average over compressed_adam's axis_name 'data'.*\('other',\)",
+      r"codec must average over axis_name 'data'.*\('other',\)",
     ),
     ({"codec": gradcomp.topk(0.1)}, "axis_name 'data'.*no axis"),
   ],

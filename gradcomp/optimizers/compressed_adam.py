@@ -2,9 +2,10 @@ r"""Compressed-momentum Adam: 1-bit Adam's frozen-variance phase with any codec.
 
 Tang, Gan, Awan, Rajbhandari, Li, Lian, Liu, Zhang and He, "1-bit Adam:
 Communication Efficient Large-Scale Training with Adam's Convergence
-Speed", ICML 2021: §3.2 (the variance becomes stable early, so Adam can be
-run as a momentum SGD with a fixed preconditioner, and momentum SGD takes
-error-compensated compression) and Alg. 1, with the 1-bit compressor
+Speed", ICML 2021: §3 (error compensation fails under Adam's nonlinear
+normalisation; the variance becomes stable early, so Adam can be run as a
+momentum SGD with a fixed preconditioner, which takes error-compensated
+compression) and §4, Alg. 1, with the 1-bit compressor
 :math:`C` of lines 8-10 replaced by any gradcomp compressor.
 
 **Warm-up** (updates ``1 .. freeze_step``): ``optax.adamw`` on the dense
@@ -53,7 +54,7 @@ from typing import Any, NamedTuple
 
 import optax
 
-from gradcomp.compressors import axes, exchange
+from gradcomp.compressors import axes, exchange, warmup
 from gradcomp.optimizers import frozen_variance
 
 
@@ -85,22 +86,6 @@ def codec_exchange(
     return mean, {"codec": codec_state}
 
   return frozen_variance.MomentumExchange(init, apply)
-
-
-def _check_codec(codec, axis_name) -> None:
-  """Raises ``ValueError`` unless ``codec`` is a compressor over ``axis_name``."""
-  if not isinstance(codec, optax.GradientTransformation):
-    raise ValueError(
-      "codec must be an optax.GradientTransformation built by a gradcomp factory "
-      f"(e.g. gradcomp.topk(0.01, axis_name=...)), got {type(codec).__name__}"
-    )
-  want, got = axes.group_axes(axis_name), axes.group_of(codec)
-  if got != want:
-    raise ValueError(
-      f"codec must average over compressed_adam's axis_name {axis_name!r} (build "
-      f"it with axis_name={axis_name!r}); it averages over "
-      f"{got if got else 'no axis (one device, or an unrecorded codec)'}"
-    )
 
 
 def compressed_adam(
@@ -163,12 +148,12 @@ def compressed_adam(
     [0.095, 0.0475, 0.0]
 
   References:
-    Tang et al. 2021, "1-bit Adam", ICML, §3.2 and Alg. 1; DESIGN §11.
+    Tang et al. 2021, "1-bit Adam", ICML, §3 and §4, Alg. 1; DESIGN §11.
   """
   frozen_variance.check_adam(
     learning_rate, b1, b2, eps, weight_decay, freeze_step=freeze_step
   )
-  _check_codec(codec, axis_name)
+  warmup.check_compressor(codec, axis_name, "codec")
   tx = frozen_variance.frozen_variance_adam(
     learning_rate,
     codec_exchange(codec),
