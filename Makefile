@@ -35,7 +35,7 @@ run: $(STAMP)
 	$(PY) -m train --config configs/default.py --workdir $(WORKDIR)
 
 demo: $(STAMP)
-	$(PY) -m gradcomp.error_demo
+	$(PY) -m bench.error_demo
 
 # ruff, the import contract, then one pytest run: the tests, every docstring
 # example (--doctest-modules), every page example (Sybil, conftest.py) and the

@@ -58,7 +58,6 @@ import time
 from typing import NamedTuple
 
 import numpy as np
-import psutil
 from numpy.typing import ArrayLike
 from sklearn.base import clone
 from sklearn.linear_model import LinearRegression, Ridge
@@ -94,6 +93,8 @@ def _cpu_seconds(times) -> tuple[float, float]:
 
 
 def _io_bytes() -> tuple[float, float]:
+  import psutil
+
   net = psutil.net_io_counters()
   disk = psutil.disk_io_counters()
   net_bytes = 0.0 if net is None else float(net.bytes_sent + net.bytes_recv)
@@ -124,6 +125,10 @@ def sample_usage(interval: float = 1.0, *, exclude_self: bool = True) -> Usage:
     >>> type(u).__name__, [type(v).__name__ for v in u], 0.0 <= u.core <= 1.0
     ('Usage', ['float', 'float', 'float'], True)
   """
+  # psutil is imported on use: only this monitor needs it, and a library
+  # import must not load it (tests/test_package.py).
+  import psutil
+
   interval = _check_positive("interval", interval)
   me = psutil.Process()
   cpu0, own0, io0 = psutil.cpu_times(), me.cpu_times(), _io_bytes()

@@ -1,9 +1,8 @@
 """What each compressor sends, and how close its result is to the dense mean.
 
-``python -m gradcomp.error_demo`` (what ``make run`` runs until the training program
-exists): 8 virtual CPU workers, each holding a different gradient of a small
-MLP-shaped tree (a shared signal plus per-worker noise). For every compressor it
-prints the bytes one worker sends per step, read from the compiled program, as
+``python -m bench.error_demo`` (``make demo``): 8 virtual CPU workers, each
+holding a different gradient of a small MLP-shaped tree (a shared signal plus
+per-worker noise). For every compressor it prints the bytes one worker sends per step, read from the compiled program, as
 a fraction of the dense fp32 all-reduce, and the relative error against the
 exact mean after one step and for the sum over 20 steps (where error feedback
 catches up on what single steps leave behind).
