@@ -58,6 +58,20 @@ def test_api_reference_lists_every_public_name(module_name):
   assert documented - public == set(), "in the API reference but not public"
 
 
+def test_all_lists_every_public_name_of_the_namespace():
+  """``gradcomp.__all__`` is the contract: nothing public lives outside it."""
+  import gradcomp
+
+  public = {
+    name
+    for name in dir(gradcomp)
+    if not name.startswith("_")
+    and not isinstance(getattr(gradcomp, name), types.ModuleType)
+  }
+  assert public == set(gradcomp.__all__)
+  assert len(gradcomp.__all__) == len(set(gradcomp.__all__))
+
+
 def test_the_reference_parser_reads_blocks():
   """The check above cannot pass vacuously: it finds the compressors."""
   assert {"topk", "layerfusion", "local_sgd"} <= documented_names("gradcomp.md")
