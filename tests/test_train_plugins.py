@@ -234,3 +234,23 @@ def test_a_scheme_and_a_workload_from_outside_train_run_through_the_program(
   assert [r for r in rows if "eval_loss" in r][-1]["eval_loss"] == pytest.approx(
     want, rel=1e-5
   )
+
+
+def test_the_loop_stays_a_recipe():
+  """``train_and_evaluate`` is the recipe of a run, kept under 120 lines.
+
+  Variants belong in scheme and workload plugins (the loop knows interfaces,
+  not names); a loop that grows past its budget is taking their work.
+  """
+  import ast
+  import inspect
+
+  from train import train as train_lib
+
+  tree = ast.parse(inspect.getsource(train_lib))
+  (loop,) = [
+    node
+    for node in tree.body
+    if isinstance(node, ast.FunctionDef) and node.name == "train_and_evaluate"
+  ]
+  assert loop.end_lineno - loop.lineno + 1 < 120

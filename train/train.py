@@ -273,6 +273,29 @@ def _checkpointed(mesh, step: int, placed, rng, scheme) -> dict[str, Any]:
   }
 
 
+def _resume(checkpoints, program: Program, scheme, spec):
+  """(state, moved): the latest checkpoint's state, else the program's fresh one.
+
+  A checkpoint saved on another number of workers is moved to this run's
+  (elastic resume), one saved on another mesh shape re-laid out; ``moved``
+  describes that, None when nothing moved. The scheme reads its own state.
+  """
+  state, moved = program.state, None
+  if (latest := checkpoints.latest_step()) is not None:
+    state, moved = reshard.restore(
+      checkpoints, latest, state, program.layout, scheme, spec, program.plan
+    )
+  scheme.restore(state, program.layout)
+  return state, moved
+
+
+def _announce_move(moved, start: int, writer, progress) -> None:
+  """Logs and prints what a resume moved (nothing when it moved nothing)."""
+  if moved is not None:
+    writer.write(start, **{reshard.log_key(moved): moved})
+    progress.message(reshard.describe(moved))
+
+
 def train_and_evaluate(config, workdir: str | Path) -> Result:
   """Trains and evaluates ``config``, resuming from ``workdir`` if it holds a run.
 
@@ -309,15 +332,8 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     workers=mesh.size,
     mesh=spec.record(),
   )
-  state, moved = program.state, None
-  if (latest := checkpoints.latest_step()) is not None:
-    # Moved to this run's workers if saved on another number (DESIGN §9), or
-    # re-laid out if saved on another mesh shape (DESIGN §7).
-    state, moved = reshard.restore(
-      checkpoints, latest, state, layout, scheme, spec, program.plan
-    )
+  state, moved = _resume(checkpoints, program, scheme, spec)
   start = int(state["step"])
-  scheme.restore(state, layout)
   if lead:
     _write_run_files(workdir, config, program.plan, work.dataset)
   train_step = program.train_step
@@ -339,9 +355,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
   writer = logs.MetricWriter(workdir, resume_step=start, enabled=lead)
   progress = logs.Progress(num_steps, enabled=lead)
   _announce(progress, config, work, scheme, mesh, priced, start)
-  if moved is not None:
-    writer.write(start, **{reshard.log_key(moved): moved})
-    progress.message(reshard.describe(moved))
+  _announce_move(moved, start, writer, progress)
   record = StepLog(
     config,
     work,
