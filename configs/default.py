@@ -1,10 +1,13 @@
 r"""An MLP on scikit-learn's digits, Sketch-Fusion SGD over 8 workers.
 
-The default config (DESIGN §3): sketch_topk (paper 000 Alg. 1, 5% of the
-coordinates) inside LayerFusion with one fused buffer, then SGD with momentum,
-on 8 virtual CPU devices. 600 steps of 128 images (53 epochs); on a 2-core
-CPU it takes ~8 s end to end (3 s of it training) and ends at test accuracy
-0.978 (eval_loss 0.074), sending 11,064 bytes per step per worker against
+The default config: sketch_topk (paper 000 Alg. 1, 5% of the coordinates)
+inside LayerFusion with the plan its cost model chooses (``plan="auto"``: it
+profiles the compressor first, about 10-20 s, then here fuses the four leaves
+into one buffer; ``plan.json`` keeps the plan, and a resume reads it back),
+then SGD with momentum, on 8 virtual CPU devices. 600 steps of 128 images (53
+epochs); on a quiet 2-core CPU it takes about 20 s end to end (65 s on one
+shared with other jobs, 2026-11-28) and ends at test accuracy 0.978
+(eval_loss 0.074), sending 11,064 bytes per step per worker against
 38,456 with ``none`` (the dense fp32 all-reduce; both include 16 bytes of
 logged metrics and the non-finite agreement):
 
@@ -20,7 +23,7 @@ Fields of ``config.compressor`` other than ``name`` are the factory's keyword
 arguments; ``None`` leaves the factory's default, and a set field the chosen
 compressor does not take is ignored with a warning.
 
-Training schemes (DESIGN §5) the same way, e.g. local SGD averaging every 8
+Training schemes the same way, e.g. local SGD averaging every 8
 steps, or DiLoCo with top-k 1 % pseudo-gradients:
 
   python -m train --config configs/default.py --workdir /tmp/wd_local \
@@ -84,6 +87,11 @@ def compressor(name: str, **kwargs) -> ml_collections.ConfigDict:
     # config.mesh=node=N,local=M) to reduce-scatter over before compressing
     # over the slow one, gradcomp.hierarchical (train/mesh.py).
     ("hierarchical", str),
+    # The program's too: dense float32 all-reduces before the compressor's
+    # first exchange (gradcomp.compressors.warmup.dense_warmup; synchronous
+    # training). A placeholder: unset is no warm-up, and earlier runs'
+    # configs stay the same (the benchmarks' --reuse).
+    ("warmup_steps", int),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)
@@ -218,9 +226,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.cluster = cluster()
 
   config.optimizer = ml_collections.ConfigDict()
-  # sgd | adamw | onebit_adam | zero_one_adam | demo (train/optimizer.py; the
-  # last three exchange their own momentum: compressor none; onebit_adam
-  # needs freeze_step)
+  # sgd | adamw | onebit_adam | zero_one_adam | demo | compressed_adam
+  # (train/optimizer.py; the last four exchange their own momentum:
+  # compressor none, but compressed_adam's codec is config.compressor;
+  # onebit_adam and compressed_adam need freeze_step)
   config.optimizer.name = "sgd"
   config.optimizer.learning_rate = 0.1
   config.optimizer.momentum = 0.9  # sgd
@@ -234,7 +243,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.min_learning_rate_ratio = 0.0  # warmup_cosine: final / peak
   # Clip the exchanged gradient's global norm (None: no clipping).
   config.optimizer.clip_norm = config_dict.placeholder(float)
-  # onebit_adam: dense AdamW updates before the variance freezes.
+  # onebit_adam, compressed_adam: dense AdamW updates before the variance
+  # freezes.
   config.optimizer.freeze_step = config_dict.placeholder(int)
   # zero_one_adam: its schedule (None: DeepSpeed's 100000, 16, 32678, 16).
   config.optimizer.var_freeze_step = config_dict.placeholder(int)

@@ -32,11 +32,13 @@ import optax
 from absl import logging
 
 import gradcomp
+from gradcomp.compressors import warmup as warmup_lib
+from gradcomp.optimizers import compressed_adam as compressed_adam_lib
 from gradcomp.optimizers import zero_one_adam as zero_one_adam_lib
 from train import mesh as mesh_lib
 
 #: Fields of ``config.compressor`` that are the program's, not the factory's.
-PROGRAM_FIELDS = ("hierarchical",)
+PROGRAM_FIELDS = ("hierarchical", "warmup_steps")
 #: ``config.fusion.exchange``: the compressor's own form, or one per group.
 FUSION_EXCHANGES = ("inner", "auto")
 
@@ -78,6 +80,71 @@ def compressor(cfg, axis_name: str | None) -> optax.GradientTransformation:
           kwargs.pop(key),
         )
   return gradcomp.get(name, axis_name=axis_name, **kwargs)
+
+
+def warmup_steps(config) -> int:
+  """``config.compressor.warmup_steps``: dense updates before the compressor's (0 unset).
+
+  Raises:
+    ValueError: a value that is not an integer ``>= 0``.
+  """
+  steps = config.compressor.get("warmup_steps")
+  if steps is None:
+    return 0
+  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+    raise ValueError(
+      f"config.compressor.warmup_steps must be an integer >= 0, got {steps!r}"
+    )
+  return steps
+
+
+def check_warmup(config, scheme: str) -> None:
+  """Raises ``ValueError`` unless ``config.compressor.warmup_steps`` can run as set.
+
+  The warm-up (``gradcomp.compressors.warmup.dense_warmup`` around the fused
+  compressor) runs in synchronous training on a ``data=N`` mesh, where the
+  program prices its two phases apart; not with an optimizer that exchanges
+  its own momentum (``compressed_adam``'s warm-up is its ``freeze_step``)
+  nor with sufficient factors.
+  """
+  steps = warmup_steps(config)
+  if not steps:
+    return
+  where = f"config.compressor.warmup_steps={steps}"
+  if scheme != "none":
+    raise ValueError(
+      f"{where} warms up synchronous training only (config.scheme.name=none), "
+      f"not {scheme!r}"
+    )
+  if exchanges_itself(config.optimizer):
+    hint = (
+      "; its dense warm-up is config.optimizer.freeze_step"
+      if config.optimizer.name in CODEC_OPTIMIZERS
+      else ""
+    )
+    raise ValueError(
+      f"{where} does not apply to config.optimizer.name={config.optimizer.name}{hint}"
+    )
+  if config.get("sufficient_factors"):
+    raise ValueError(f"{where} does not run with config.sufficient_factors")
+  if config.get("mesh") is not None and len(mesh_spec(config).names) > 1:
+    raise ValueError(
+      f"{where} runs on a data=N mesh only (its phases are priced on one "
+      f"link), not config.mesh={config.mesh!r}"
+    )
+
+
+def warmed(config, fused, axis_name) -> optax.GradientTransformation:
+  """``fused`` (the compressor, inside LayerFusion) after the config's dense warm-up.
+
+  ``gradcomp.compressors.warmup.dense_warmup(fused, warmup_steps)``, or
+  ``fused`` itself when no warm-up is set. Outside LayerFusion, so the plan
+  is the compressor's own (``"auto"`` profiles the bare compressor).
+  """
+  steps = warmup_steps(config)
+  if not steps:
+    return fused
+  return warmup_lib.dense_warmup(fused, steps, axis_name=axis_name)
 
 
 def _same_on_every_process(plan: gradcomp.Plan) -> gradcomp.Plan:
@@ -262,7 +329,10 @@ def learning_rate(cfg, total_steps: int) -> optax.ScalarOrSchedule:
 OPTIMIZERS = ("sgd", "adamw")
 #: Optimizers that exchange, and compress, their own momentum
 #: (``gradcomp.optimizers``): used alone, on each worker's own gradient.
-SELF_EXCHANGING = ("onebit_adam", "zero_one_adam", "demo")
+SELF_EXCHANGING = ("onebit_adam", "zero_one_adam", "demo", "compressed_adam")
+#: Self-exchanging optimizers whose exchange is ``config.compressor``'s codec
+#: (inside LayerFusion with ``config.fusion``'s plan).
+CODEC_OPTIMIZERS = ("compressed_adam",)
 #: 0/1 Adam's schedule fields of ``config.optimizer`` (unset: DeepSpeed's).
 _ZERO_ONE_FIELDS = (
   "var_freeze_step",
@@ -300,8 +370,11 @@ def check_self_exchanging(config, scheme: str) -> None:
   """Raises ``ValueError`` unless a self-exchanging optimizer runs as it must.
 
   Synchronous data parallelism only, no compressor before it (it compresses
-  its own exchange), no sufficient factors, and its required fields set.
+  its own exchange; ``compressed_adam``'s codec is ``config.compressor``),
+  no sufficient factors, and its required fields set. Also checks
+  ``config.compressor.warmup_steps`` (:func:`check_warmup`).
   """
+  check_warmup(config, scheme)
   cfg = config.optimizer
   if not exchanges_itself(cfg):
     return
@@ -311,30 +384,38 @@ def check_self_exchanging(config, scheme: str) -> None:
       f"config.optimizer.name={name} exchanges its own momentum: synchronous "
       f"training only (config.scheme.name=none), not {scheme!r}"
     )
-  if config.compressor.name != "none":
+  if config.compressor.name != "none" and name not in CODEC_OPTIMIZERS:
     raise ValueError(
       f"config.optimizer.name={name} compresses its own exchange: set "
       f"config.compressor.name=none (got {config.compressor.name!r})"
     )
   if config.get("sufficient_factors"):
     raise ValueError(f"config.optimizer.name={name} does not take sufficient factors")
-  if name == "onebit_adam" and cfg.get("freeze_step") is None:
+  if name in ("onebit_adam", "compressed_adam") and cfg.get("freeze_step") is None:
     raise ValueError(
-      "config.optimizer.name=onebit_adam needs config.optimizer.freeze_step (the "
+      f"config.optimizer.name={name} needs config.optimizer.freeze_step (the "
       "dense AdamW updates before the variance freezes; Tang et al. warm up for "
       "about 15-25 % of a run); e.g. --config.optimizer.freeze_step=100"
+    )
+  freeze = cfg.get("freeze_step")
+  if name in ("onebit_adam", "compressed_adam") and (
+    isinstance(freeze, bool) or not isinstance(freeze, int) or freeze < 1
+  ):
+    raise ValueError(
+      f"config.optimizer.freeze_step must be an integer >= 1, got {freeze!r}"
     )
 
 
 def self_exchanging(
-  cfg, total_steps: int, axis_name
+  cfg, total_steps: int, axis_name, codec: optax.GradientTransformation | None = None
 ) -> list[optax.GradientTransformation]:
   """The whole optimizer of ``cfg.name`` in :data:`SELF_EXCHANGING`, on local gradients.
 
   ``cfg.clip_norm`` clips each worker's own gradient (there is no mean
-  gradient in the compressed phases to clip). 1-bit and 0/1 Adam's weight
-  decay is masked by :func:`decay_mask`, as AdamW's; DeMo decays every
-  leaf, as its reference does.
+  gradient in the compressed phases to clip). 1-bit, 0/1 and
+  compressed-momentum Adam's weight decay is masked by :func:`decay_mask`,
+  as AdamW's; DeMo decays every leaf, as its reference does. ``codec``:
+  ``compressed_adam``'s (:func:`momentum_codec`).
   """
   parts = _clipping(cfg)
   lr = learning_rate(cfg, total_steps)
@@ -357,9 +438,58 @@ def self_exchanging(
   }
   if cfg.name == "zero_one_adam":
     parts.append(gradcomp.zero_one_adam(lr, **_zero_one_schedule(cfg), **adam))
+  elif cfg.name == "compressed_adam":
+    if codec is None:
+      raise ValueError("config.optimizer.name=compressed_adam needs its codec")
+    parts.append(
+      compressed_adam_lib.compressed_adam(
+        lr, codec, freeze_step=int(cfg.freeze_step), **adam
+      )
+    )
   else:
     parts.append(gradcomp.onebit_adam(lr, freeze_step=int(cfg.freeze_step), **adam))
   return parts
+
+
+def momentum_codec(
+  config, order, sizes, saved_plan, axis_name
+) -> tuple[optax.GradientTransformation, gradcomp.Plan | None]:
+  """``compressed_adam``'s codec: ``config.compressor`` inside LayerFusion.
+
+  The plan is ``config.fusion``'s over the momentum tree (shaped as the
+  params, in gradient order), as a synchronous compressor's would be.
+
+  Returns:
+    ``(codec, plan)``: ``plan`` is ``None`` for ``config.fusion.plan=none``.
+  """
+  inner = compressor(config.compressor, axis_name)
+  cluster = cluster_of(config, num_workers(config))
+  plan = fusion_plan(config.fusion, order, sizes, inner, saved_plan, cluster)
+  return (inner if plan is None else gradcomp.layerfusion(inner, plan)), plan
+
+
+def exchange_phases(config, num_steps: int):
+  """What each step of the run sends when that changes by phase, for pricing.
+
+  :func:`self_exchange_rounds` for 1-bit and 0/1 Adam; for
+  ``compressed_adam`` and for ``config.compressor.warmup_steps``,
+  ``"dense"`` (the float32 all-reduce) through the warm-up and
+  ``"compressed"`` (the codec's exchange) after it. ``None`` when every
+  step sends the same.
+  """
+  cfg = config.optimizer
+  phases = self_exchange_rounds(cfg, num_steps)
+  if phases is not None:
+    return phases
+  if exchanges_itself(cfg) and cfg.name in CODEC_OPTIMIZERS:
+    dense = int(cfg.freeze_step)
+  elif not exchanges_itself(cfg) and warmup_steps(config):
+    dense = warmup_steps(config)
+  else:
+    return None
+  dense = min(dense, num_steps)
+  kinds = ["dense"] * dense + ["compressed"] * (num_steps - dense)
+  return kinds, {"dense": 1, "compressed": 1}
 
 
 def _zero_one_schedule(cfg) -> dict[str, int]:

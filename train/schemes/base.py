@@ -367,6 +367,8 @@ def build_optimizer(
     config.fusion, order, sizes, inner, saved_plan, cluster
   )
   fused = inner if plan is None else gradcomp.layerfusion(inner, plan)
+  # config.compressor.warmup_steps: the dense mean first (outside the plan).
+  fused = optimizer_lib.warmed(config, fused, spec.exchange_axis)
   if mask is not None:
     fused = optax.masked(fused, mask)
   if scheme.factory is None:  # Synchronous: the compressor, then the optimizer.

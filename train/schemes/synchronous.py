@@ -8,10 +8,14 @@ sends them instead (Poseidon's rule, ``train/factors.py``): its kernel then
 leaves the compressor's order.
 
 An optimizer that exchanges its own momentum (``config.optimizer.name`` in
-``train.optimizer.SELF_EXCHANGING``: 1-bit Adam, 0/1 Adam, DeMo) takes each worker's
-own gradient, with no compressor before it. 1-bit and 0/1 Adam's rounds are
-priced by what each step sends (dense, 1-bit, or nothing in 0/1 Adam's
-local steps); DeMo's all-gather is the same every step.
+``train.optimizer.SELF_EXCHANGING``: 1-bit Adam, 0/1 Adam, DeMo,
+compressed-momentum Adam) takes each worker's own gradient, with no
+compressor before it (compressed-momentum Adam's codec is
+``config.compressor``, inside LayerFusion). 1-bit, 0/1 and
+compressed-momentum Adam's rounds are priced by what each step sends
+(dense, 1-bit or the codec's, or nothing in 0/1 Adam's local steps), and so
+is a compressor's dense warm-up (``config.compressor.warmup_steps``);
+DeMo's all-gather is the same every step.
 """
 
 from __future__ import annotations
@@ -59,15 +63,20 @@ class Synchronous(Scheme):
   def optimizer(self, order, sizes, saved_plan, total_steps, mask=None, like=None):
     if not optimizer_lib.exchanges_itself(self.config.optimizer):
       return super().optimizer(order, sizes, saved_plan, total_steps, mask, like)
+    codec = plan = None
+    if self.config.optimizer.name in optimizer_lib.CODEC_OPTIMIZERS:
+      codec, plan = optimizer_lib.momentum_codec(
+        self.config, order, sizes, saved_plan, step_lib.AXIS
+      )
     parts = optimizer_lib.self_exchanging(
-      self.config.optimizer, total_steps, step_lib.AXIS
+      self.config.optimizer, total_steps, step_lib.AXIS, codec
     )
     tx = optax.chain(*parts)
-    return gradcomp.apply_if_finite(tx, NEVER_FORCE, axis_name=step_lib.AXIS), None
+    return gradcomp.apply_if_finite(tx, NEVER_FORCE, axis_name=step_lib.AXIS), plan
 
   def price(self, plan, params, step_wire, num_steps, flops):
-    if optimizer_lib.self_exchange_rounds(self.config.optimizer, 1) is not None:
-      return self._price_phases(params, step_wire, num_steps, flops)
+    if optimizer_lib.exchange_phases(self.config, 1) is not None:
+      return self._price_phases(plan, params, step_wire, num_steps, flops)
     priced = super().price(plan, params, step_wire, num_steps, flops)
     if self.factored is not None:
       priced.fields["sufficient_factors"] = self.factored.record()
@@ -79,21 +88,45 @@ class Synchronous(Scheme):
   def messages(self) -> list[str]:
     return [] if self.factored is None else [self.factored.summary()]
 
-  def _price_phases(self, params, step_wire, num_steps, flops):
-    """1-bit and 0/1 Adam's rounds, each priced by what it sends.
+  def _compressed_round(self, plan, params) -> dict[str, int]:
+    """``{kind: bytes}`` of one exchange through the codec (after a warm-up).
 
-    Dense, 1-bit or nothing (:func:`train.pricing.self_exchange_rounds`). The step's HLO holds every branch's collectives
-    beside the every-step ones (metrics, the finite-step agreement); the
-    1-bit ones are checked against it.
+    ``compressed_adam``'s codec on its float32 momentum, or the compressor
+    (inside LayerFusion) on the gradient, traced alone on the mesh.
+    """
+    n = self.mesh.size
+    if self.config.optimizer.name in optimizer_lib.CODEC_OPTIMIZERS:
+      inner = optimizer_lib.compressor(self.config.compressor, step_lib.AXIS)
+      tx = inner if plan is None else gradcomp.layerfusion(inner, plan)
+      dtype = lambda x: np.float32
+    else:
+      tx = optimizer_lib.round_exchange(self.config, step_lib.AXIS, plan)
+      dtype = lambda x: x.dtype
+    per_worker = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct((n, *np.shape(x)), dtype(x)), params
+    )
+    wire = pricing.round_wire(tx, self.mesh, per_worker)
+    return {kind: sent for kind, sent in wire.items() if sent}
+
+  def _price_phases(self, plan, params, step_wire, num_steps, flops):
+    """Rounds that change by phase, each priced by what it sends.
+
+    Dense, 1-bit, the codec's or nothing
+    (:func:`train.pricing.self_exchange_rounds`,
+    :func:`train.optimizer.exchange_phases`). The step's HLO holds every
+    branch's collectives beside the every-step ones (metrics, the
+    finite-step agreement); the 1-bit ones are checked against it.
     """
     n = self.mesh.size
     d = sum(int(np.size(x)) for x in jax.tree.leaves(params))
     if self.per_worker_params:  # 0/1 Adam: one worker's params, not n copies.
       d //= n
-    kinds, copies = optimizer_lib.self_exchange_rounds(self.config.optimizer, num_steps)
+    kinds, copies = optimizer_lib.exchange_phases(self.config, num_steps)
     rounds = pricing.self_exchange_rounds(d, n)
+    if "compressed" in copies:
+      rounds["compressed"] = self._compressed_round(plan, params)
     for kind, sent in rounds["onebit"].items():
-      if step_wire.get(kind, 0) != copies["onebit"] * sent:
+      if "onebit" in copies and step_wire.get(kind, 0) != copies["onebit"] * sent:
         raise RuntimeError(
           f"the compiled step sends {step_wire.get(kind)} bytes by {kind}, "
           f"{copies['onebit']} 1-bit exchanges {copies['onebit'] * sent}: the "
@@ -101,6 +134,11 @@ class Synchronous(Scheme):
         )
     in_hlo = sum(c * sum(rounds[k].values()) for k, c in copies.items())
     every_step = sum(b for b in step_wire.values() if b) - in_hlo
+    if every_step < 0:
+      raise RuntimeError(
+        f"the compiled step sends {step_wire}, less than its phases' rounds "
+        f"{ {k: rounds[k] for k in copies} }: the pricing is out of date"
+      )
     per_step = every_step + sum(sum(rounds[k].values()) for k in kinds) / max(
       num_steps, 1
     )
@@ -112,4 +150,6 @@ class Synchronous(Scheme):
       "phases": {k: kinds.count(k) for k in rounds if k in kinds},
     }
     peak = every_step + max(sum(rounds[k].values()) for k in set(kinds))
-    return pricing.Priced(per_step, rounds["onebit"], seconds, fields, peak)
+    # The round a run's compressed phase sends (the one after the warm-up).
+    one_round = rounds["compressed" if "compressed" in copies else "onebit"]
+    return pricing.Priced(per_step, one_round, seconds, fields, peak)
