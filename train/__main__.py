@@ -42,6 +42,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO.
     logging.set_verbosity(logging.WARNING)
+  if "islands" in _CONFIG.value:  # DESIGN §12: Ray actors, each its own JAX program.
+    from train.islands import run
+
+    return run.main(_CONFIG.value, _WORKDIR.value, _DEBUG.value)
   launch.configure_cpu_devices(_CPU_DEVICES.value)
   launch.initialize_distributed(
     _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value

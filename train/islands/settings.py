@@ -10,7 +10,7 @@ started in-process on 127.0.0.1; else the address of a running cluster,
 ``train/islands/plan.py``), ``max_restarts`` (Ray restarts of one island,
 -1: unbounded), ``eval_every_rounds``, ``compilation_cache`` (a directory for JAX's
 persistent compilation cache shared by the islands; ``None``:
-``workdir/xla_cache``).
+``$JAX_COMPILATION_CACHE_DIR`` if set, else ``workdir/xla_cache``).
 """
 
 from __future__ import annotations
