@@ -15,6 +15,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from test_elastic_resume import assert_mass_conserved
 from test_train_adaptive import STEPS, tiny
 
 from train import logs, train
@@ -84,6 +85,26 @@ def test_two_phases_priced_and_resumed_bit_for_bit(overrides, dense_steps, tmp_p
     if "residual" in jax.tree_util.keystr(path)
   ]
   assert residuals and any(np.any(r) for r in residuals)
+
+  # Elastic: the 8-worker checkpoint resumed on 4 workers at its last step
+  # (the state moved, untrained): the replicated Adam moments and the
+  # warm-up's count kept, the codec's residuals re-partitioned with their
+  # mass (what mean aggregation still owes) conserved.
+  four = train.train_and_evaluate(tiny(**overrides, workers=4), tmp_path / "whole")
+  moved = [
+    r["elastic"]
+    for r in logs.read_metrics(tmp_path / "whole" / "metrics.jsonl")
+    if "elastic" in r
+  ]
+  assert moved and moved[-1]["from_workers"] == 8 and moved[-1]["to_workers"] == 4
+  after = [
+    np.asarray(x)
+    for path, x in jax.tree_util.tree_leaves_with_path(four.state["opt_state"])
+    if "residual" in jax.tree_util.keystr(path)
+  ]
+  for b, a in zip(residuals, after, strict=True):
+    assert b.shape[0] == 8 and a.shape[0] == 4
+    assert_mass_conserved(b.reshape(8, -1), a.reshape(4, -1))
 
 
 @pytest.mark.parametrize(
