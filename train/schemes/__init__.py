@@ -14,7 +14,7 @@ from train.schemes.base import Scheme
 from train.schemes.cdsgd import CDSGD
 from train.schemes.edgegossip import EdgeGossip
 from train.schemes.gossip import GoSGD, Gossip
-from train.schemes.periodic import EASGD, LocalSGD, StaleSGD
+from train.schemes.periodic import EASGD, LocalSGD, SparseLoCo, StaleSGD
 from train.schemes.synchronous import Synchronous
 from train.schemes.timed import AsyncPS, BackupWorkers
 
@@ -23,6 +23,7 @@ REGISTRY: dict[str, type[Scheme]] = {
   for cls in (
     Synchronous,
     LocalSGD,
+    SparseLoCo,
     EASGD,
     StaleSGD,
     CDSGD,

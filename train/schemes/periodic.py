@@ -1,4 +1,4 @@
-"""Schemes that exchange on a schedule behind a barrier: local SGD / DiLoCo, EASGD, stale SGD.
+"""Schemes that exchange on a schedule behind a barrier: local SGD / DiLoCo, SparseLoCo, EASGD, stale SGD.
 
 Each round waits for the slowest worker (``gradcomp.sim.simulate_rounds``);
 the bytes of a round come from its own compiled exchange, amortised over
@@ -8,13 +8,15 @@ the steps (``train.pricing.price_rounds``).
 from __future__ import annotations
 
 import jax
+from absl import logging
 
 import gradcomp
+from gradcomp.schemes import sparseloco as sparseloco_lib
 from gradcomp.schemes import streaming as streaming_lib
 from train import optimizer as optimizer_lib
 from train import pricing
 from train import step as step_lib
-from train.schemes.base import Scheme, scheme_transformation
+from train.schemes.base import Scheme, _set, scheme_transformation
 
 
 class _Rounds(Scheme):
@@ -22,6 +24,10 @@ class _Rounds(Scheme):
 
   def round_tx(self, plan):
     raise NotImplementedError
+
+  def is_round(self):
+    """``step -> bool``: which steps (1-based) end with a round."""
+    return optimizer_lib.round_steps(self.config)
 
   def price(self, plan, params, step_wire, num_steps, flops):
     round_wire = pricing.round_wire(self.round_tx(plan), self.mesh, params)
@@ -31,7 +37,7 @@ class _Rounds(Scheme):
       flops,
       step_wire,
       num_steps,
-      optimizer_lib.round_steps(self.config),
+      self.is_round(),
       round_wire,
     )
 
@@ -143,6 +149,86 @@ class LocalSGD(_Rounds):
     }
     largest = max(wires, key=lambda w: sum(w.values()))
     return pricing.Priced(per_step, largest, seconds, fields, peak)
+
+
+class SparseLoCo(_Rounds):
+  """SparseLoCo (Sarfi et al. 2025, arXiv 2508.15706; ``gradcomp.schemes.sparseloco``).
+
+  DiLoCo whose pseudo-gradients are the top ``k`` of each ``chunk x chunk``
+  tile in ``value_bits`` bits under error feedback decayed by ``ef_decay``,
+  with a plain-SGD outer step at ``outer_learning_rate``. Fields of
+  ``config.scheme``: ``every`` (default 8, as ``local_sgd``'s), ``k`` and
+  ``outer_learning_rate`` (required: the paper's densities span 1-3 %, and
+  its outer rate is tuned), ``chunk``, ``value_bits`` and ``ef_decay``
+  (unset: the factory's 64, 2 and 0.95). The scheme sends its own codec:
+  ``config.compressor`` is set to ``none`` (with a warning if it named
+  another) and ``config.fusion.plan`` to ``none`` (the codec tiles each leaf
+  of the params' tree). A round is priced from its own compiled exchange,
+  every ``every``-th step.
+  """
+
+  name = "sparseloco"
+  factory = staticmethod(sparseloco_lib.sparseloco)
+  defaults = {"every": 8}
+  required = {"k": 64, "outer_learning_rate": 1.0}
+  #: ``config.scheme`` fields that are keywords of the factory.
+  FIELDS = ("every", "outer_learning_rate", "k", "chunk", "value_bits", "ef_decay")
+
+  @classmethod
+  def resolve(cls, config):
+    config = super().resolve(config)
+    updates = {}
+    if config.compressor.name != "none":
+      logging.warning(
+        "scheme sparseloco sends its own codec (top-k per tile, value_bits, "
+        "ef_decay); ignoring config.compressor.name=%r",
+        config.compressor.name,
+      )
+      updates["compressor.name"] = "none"
+      updates.update(
+        {
+          f"compressor.{k}": None
+          for k, v in config.compressor.items()
+          if k != "name" and v is not None
+        }
+      )
+    if config.fusion.plan != "none":
+      logging.info(
+        "scheme sparseloco: config.fusion.plan=none (its codec tiles leaves)"
+      )
+      updates["fusion.plan"] = "none"
+    return _set(config, updates) if updates else config
+
+  def _fields(self) -> dict:
+    """The factory's keywords set in ``config.scheme`` (unset: its defaults)."""
+    cfg = self.config.scheme
+    ignored = sorted(
+      k
+      for k, v in cfg.items()
+      if v is not None and k != "name" and k not in self.FIELDS
+    )
+    for key in ignored:
+      logging.warning(
+        "scheme sparseloco takes no %r; ignoring config.scheme.%s=%r",
+        key,
+        key,
+        cfg[key],
+      )
+    return {k: cfg.get(k) for k in self.FIELDS if cfg.get(k) is not None}
+
+  def wrap(self, local, fused, codec):
+    del fused, codec  # resolve() set the compressor to none
+    return self.factory(local, axis_name=step_lib.AXIS, **self._fields())
+
+  def round_tx(self, plan):
+    del plan
+    fields = self._fields()
+    fields.pop("every", None), fields.pop("outer_learning_rate", None)
+    return sparseloco_lib.codec(axis_name=step_lib.AXIS, **fields)
+
+  def is_round(self):
+    every = self.config.scheme.every
+    return lambda step: step % every == 0
 
 
 class EASGD(_Rounds):
