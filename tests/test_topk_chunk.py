@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import gradcomp
+from gradcomp.compressors import exchange
 from gradcomp.compressors import spec as spec_lib
 from gradcomp.compressors import topk as topk_lib
 from gradcomp.kernels import bitfields, tiles
@@ -303,3 +304,31 @@ def test_zeros_and_huge_values_stay_finite():
   )
   np.testing.assert_array_equal(out["w"][:4], 0.0)
   assert out["w"][4] > 0 > out["w"][5]  # signs kept
+
+
+def test_a_servers_pushes_decode_each_workers_payload(mesh4):
+  """Under ``exchange.Pushes`` (async_ps) each worker's payload is decoded alone.
+
+  Every worker's decoded push equals the same codec run on that worker's
+  gradient alone (one device, no exchange).
+  """
+  grads = _grads(seed=5, steps=1)
+  tx = gradcomp.topk(RATIO, chunk=CHUNK, value_bits=2, axis_name=AXIS)
+  spec = spec_lib.spec_of(tx)
+
+  def push(g):
+    g = jax.tree.map(lambda a: a[0, 0], g)
+    pushes = exchange.Pushes(AXIS)
+    codec = spec.build(axis_name=pushes)
+    out, _ = codec.update(g, codec.init(g))
+    return gradcomp.add_worker_axis((out, pushes.decoded))
+
+  f = jax.shard_map(push, mesh=mesh4, in_specs=P(None, AXIS), out_specs=P(AXIS))
+  own, decoded = jax.jit(f)(jax.device_put(grads, NamedSharding(mesh4, P(None, AXIS))))
+  alone = spec.build(axis_name=None)
+  for w in range(N):
+    g = {k: jnp.asarray(v[0, w]) for k, v in grads.items()}
+    want = alone.update(g, alone.init(g))[0]
+    for i, k in enumerate(sorted(SHAPES)):  # leaves in tree order
+      np.testing.assert_array_equal(own[k][w], want[k])
+      np.testing.assert_array_equal(decoded[i][0][w], want[k])
