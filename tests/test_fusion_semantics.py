@@ -29,7 +29,7 @@ RANK = 4
 STEPS = 3
 U = 2.0**-24  # float32 unit roundoff
 # Sorted keys are the tree order. Matrix shapes: (16, 24) x3, (24, 16) x2, the
-# conv kernels as (36, 8) x2, "e_vec" as the padded near-square (15, 14); the
+# conv kernels as (36, 8) x2, the vectors as the padded near-square (15, 14); the
 # bias, the tiny matrix and the scalar go dense (factors not smaller).
 SHAPES = {
   "a_qkv0": (16, 24),
@@ -41,12 +41,13 @@ SHAPES = {
   "d_conv0": (3, 3, 4, 8),
   "d_conv1": (3, 3, 4, 8),
   "e_vec": (200,),
+  "e_vec2": (205,),  # also (15, 14): batched with e_vec, padded differently
   "f_tiny": (2, 3),
   "g_scalar": (),
 }
 NAMES = sorted(SHAPES)
 ORDER = tuple(reversed(range(len(NAMES))))  # gradient-ready: last leaf first
-PLAN = Plan(num_leaves=11, groups=((10, 9, 8), (7, 6, 5, 4, 3), (2, 1, 0)))
+PLAN = Plan(num_leaves=12, groups=((11, 10, 9, 8), (7, 6, 5, 4, 3), (2, 1, 0)))
 
 
 # -- 1. Every compressor declares a scope ----------------------------------------
@@ -97,9 +98,10 @@ def _low_rank_grads(seed: int = 0) -> dict[str, np.ndarray]:
   orthonormal ``rows x 4`` each step and ``V`` the orthonormal basis of the
   leaf's initial ``Q``. So ``P = M Q~`` is well conditioned from the first
   step on (the bound below divides by its ``sigma_r``), as it is for a
-  gradient whose row space drifts slowly under the warm start. ``e_vec``'s
-  ``A_t`` has a zero last row, so its padding (the last 10 entries of its
-  15 x 14 matrix) is zero and its rank stays 4. Leaves sent dense: any values.
+  gradient whose row space drifts slowly under the warm start. The vectors'
+  ``A_t`` has a zero last row, so their padding (the last 10 and 5 entries of
+  their 15 x 14 matrices) is zero and their rank stays 4. Leaves sent dense:
+  any values.
   """
   rng = np.random.default_rng(seed)
   starts = _warm_starts()
@@ -115,7 +117,7 @@ def _low_rank_grads(seed: int = 0) -> dict[str, np.ndarray]:
         steps.append(rng.standard_normal((W, *shape)))
         continue
       a = np.linalg.qr(rng.standard_normal((n, RANK)))[0]
-      if name == "e_vec":
+      if name.startswith("e_vec"):
         a[-1] = 0.0
       low = 2.0 * a @ np.linalg.qr(starts[name])[0].T
       low = low.reshape(-1)[:size]
@@ -315,7 +317,7 @@ def test_factors_per_leaf_batched_by_shape(runs):
   qs = [[q.shape[2:] for q in s.inner.qs] for s in state.inner.leaves]
   # (STEPS, W) lead; then (leaves, cols, rank) per matrix shape of each group.
   assert qs == [
-    [(1, 14, RANK)],  # e_vec as (15, 14); the tiny matrix and the scalar dense
+    [(2, 14, RANK)],  # e_vec, e_vec2 as (15, 14); the tiny matrix, the scalar dense
     [(2, 8, RANK), (2, 16, RANK)],  # the conv kernels, then the projections
     [(3, 24, RANK)],  # the three (16, 24) matrices
   ]

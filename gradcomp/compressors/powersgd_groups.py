@@ -99,6 +99,10 @@ def _concat(parts: list[jax.Array]) -> jax.Array:
   return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
 
 
+def _padded(x: jax.Array, size: int) -> jax.Array:
+  return x if x.shape[0] == size else jnp.pad(x, (0, size - x.shape[0]))
+
+
 def _split_flat(flat: jax.Array, arrays: list[jax.Array]) -> list[jax.Array]:
   """``flat`` cut into pieces shaped like ``arrays`` (inverse of raveling them)."""
   out, start = [], 0
@@ -135,10 +139,9 @@ def _update_group(leaves, state: ErrorFeedbackState, rank: int, vectors, axis_na
   # P = M Q per leaf, one batched product per matrix shape.
   matrices, ps = [], []
   for ((n, m), ks), q in zip(layout.classes, state.inner.qs, strict=True):
-    rows = jnp.stack([piece(k) for k in ks])
-    size = layout.sizes[ks[0]]
-    if n * m > size:
-      rows = jnp.pad(rows, ((0, 0), (0, n * m - size)))
+    # 1-D leaves of different sizes can share a near-square shape: each is
+    # zero-padded to it on its own.
+    rows = jnp.stack([_padded(piece(k), n * m) for k in ks])
     matrix = rows.reshape(len(ks), n, m)
     matrices.append(matrix)
     ps.append(matrix @ (unit_columns(q) * headroom(m)))
