@@ -99,7 +99,7 @@ def compressor(name: str, **kwargs) -> ml_collections.ConfigDict:
 
 
 def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
-  """Scheme fields (DESIGN §5): every known keyword, unset unless given.
+  """Scheme fields: every known keyword, unset unless given.
 
   ``none`` is synchronous data parallelism. ``local_sgd`` takes ``every``
   and, for DiLoCo, ``outer_learning_rate`` (Nesterov SGD with
@@ -107,7 +107,11 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   ``config.compressor`` (``none``: the dense mean). Streaming DiLoCo adds
   ``fragments``, ``overlap``, ``alpha`` (the merge weight of the local
   params), ``eager`` (Kale et al.'s eager updates) and ``split_leaves``
-  (equal fragments that may cut leaves). ``easgd`` takes
+  (equal fragments that may cut leaves). ``sparseloco`` (Sarfi et al.
+  2025) takes ``every``, ``outer_learning_rate``, ``k`` (values kept per
+  ``chunk`` x ``chunk`` tile), ``chunk``, ``value_bits`` and ``ef_decay``,
+  and sends its own codec (``config.compressor`` is set to ``none``).
+  ``easgd`` takes
   ``alpha`` and ``every``. ``cdsgd`` (paper 001) takes
   ``local_learning_rate``, ``k``, ``warmup_steps``, ``message_scale`` and
   ``flush_residual``; ``config.optimizer`` is then its global (server)
@@ -158,6 +162,9 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("selection", str),
     ("speed_threshold", float),
     ("failure_threshold", float),
+    ("chunk", int),
+    ("value_bits", int),
+    ("ef_decay", float),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)

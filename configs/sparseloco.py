@@ -27,33 +27,17 @@ are compared.
 
 The fields (``every``, ``outer_learning_rate``, ``k``, ``chunk``,
 ``value_bits``, ``ef_decay``) are set from the command line as any scheme's,
-e.g. ``--config.scheme.value_bits=8`` for Templar's 8-bit codes. ``chunk``,
-``value_bits`` and ``ef_decay`` are placeholders added here (:func:`scheme`):
-unset, the factory's defaults (64, 2, 0.95) apply.
+e.g. ``--config.scheme.value_bits=8`` for Templar's 8-bit codes. Unset,
+``chunk``, ``value_bits`` and ``ef_decay`` take the factory's defaults (64,
+2, 0.95).
 """
 
-import ml_collections
-from ml_collections import config_dict
-
 from configs import default
-
-#: SparseLoCo's fields that ``configs/default.py``'s ``scheme()`` may lack.
-FIELDS = (("chunk", int), ("value_bits", int), ("ef_decay", float))
-
-
-def scheme(**kwargs) -> ml_collections.ConfigDict:
-  """``default.scheme("sparseloco", ...)`` with SparseLoCo's own fields (unset)."""
-  c = default.scheme("sparseloco")
-  for key, kind in FIELDS:
-    if key not in c:
-      c[key] = config_dict.placeholder(kind)
-  c.update(kwargs)
-  return c
 
 
 def get_config():
   config = default.get_config()
   config.compressor = default.compressor("none")
   config.fusion.plan = "none"
-  config.scheme = scheme(every=8, outer_learning_rate=1.0, k=64)
+  config.scheme = default.scheme("sparseloco", every=8, outer_learning_rate=1.0, k=64)
   return config

@@ -80,6 +80,7 @@ from gradcomp.schemes.gossip import GossipState as GossipState
 from gradcomp.schemes.gossip import gossip as gossip
 from gradcomp.schemes.local_sgd import LocalSGDState as LocalSGDState
 from gradcomp.schemes.local_sgd import local_sgd as local_sgd
+from gradcomp.schemes.sparseloco import sparseloco as sparseloco
 from gradcomp.schemes.stale import StaleState as StaleState
 from gradcomp.schemes.stale import stale_sgd as stale_sgd
 
@@ -140,6 +141,7 @@ __all__ = [
   "signsgd",
   "sketch_topk",
   "sparse_quantize",
+  "sparseloco",
   "stale_sgd",
   "StaleState",
   "terngrad",

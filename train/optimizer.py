@@ -589,7 +589,7 @@ def round_steps(config) -> Callable[[int], bool]:
   name = scheme_name(config)
   every = config.scheme.get("every") if name != "none" else None
   every = every or 1
-  if name == "local_sgd":
+  if name in ("local_sgd", "sparseloco"):
     return lambda step: step % every == 0
   if name == "easgd":
     return lambda step: (step - 1) % every == 0
