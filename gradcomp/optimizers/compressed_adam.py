@@ -5,8 +5,8 @@ Communication Efficient Large-Scale Training with Adam's Convergence
 Speed", ICML 2021: §3 (error compensation fails under Adam's nonlinear
 normalisation; the variance becomes stable early, so Adam can be run as a
 momentum SGD with a fixed preconditioner, which takes error-compensated
-compression) and §4, Alg. 1, with the 1-bit compressor
-:math:`C` of lines 8-10 replaced by any gradcomp compressor.
+compression) and §4, Alg. 1, with its 1-bit compressor :math:`C` replaced
+by any gradcomp compressor.
 
 **Warm-up** (updates ``1 .. freeze_step``): ``optax.adamw`` on the dense
 mean gradient (an all-reduce of float32), bias correction and decoupled
@@ -25,10 +25,10 @@ payloads, is the same on every worker:
     {\sqrt{v_T / (1 - \beta_2^T)} + \epsilon} + \lambda x_{t-1}\Big).
 
 The codec's own error feedback (a top-k's residual, PowerSGD's, EF-signSGD's)
-plays the worker error :math:`\delta_w` of Alg. 1 line 8: what a worker did
+plays the worker error :math:`\delta_w` of Alg. 1: what a worker did
 not send of :math:`m_w + \delta_w` is added to its next momentum. A codec
 with a reduce-scatter form (``exchange="scatter"``) also keeps the server
-error of lines 9-10 (each chunk's owner re-compresses the average and keeps
+error of Alg. 1 (each chunk's owner re-compresses the average and keeps
 what that lost); an all-gathered or all-reduced payload has no second
 compression, so no server error. Its state starts at the freeze: the
 warm-up's exchange is dense and leaves it as ``codec.init`` made it.
