@@ -282,7 +282,7 @@ def test_outer_step_matches_a_float64_diloco_transcription(rep):
       values, idx = p.arrays[2 * j], p.arrays[2 * j + 1]
       np.add.at(total, idx, values.astype(np.float64) / 2)
     means.append(total.reshape(leaf.shape))
-  lr, mu = 0.7, 0.9
+  lr, mu = rep.config.scheme.outer_learning_rate, rep.config.scheme.outer_momentum
   trace = [mu * m + g for m, g in zip(jax.tree.leaves(momentum), means, strict=True)]
   want = [a - lr * (g + mu * t) for a, g, t in zip(leaves, means, trace, strict=True)]
   got = jax.tree.leaves(_np(rep.params))

@@ -96,7 +96,7 @@ def train_and_evaluate(config, workdir: str | Path) -> dict[str, Any]:
     or os.environ.get("JAX_COMPILATION_CACHE_DIR")
     or str((workdir / "xla_cache").absolute())
   )
-  handles = {}
+  handles, metrics = {}, None
   try:
     remote = ray.remote(actor_lib.Island)
     for i in range(s.count):
@@ -173,7 +173,6 @@ def train_and_evaluate(config, workdir: str | Path) -> dict[str, Any]:
     live = sorted(final)
     result = ray.get(handles[live[0]].evaluate.remote())
     metrics.write(s.rounds * config.scheme.every, **result, final=True)
-    metrics.close()
     return {
       "run": run,
       "rounds": len(summaries),
@@ -196,6 +195,8 @@ def train_and_evaluate(config, workdir: str | Path) -> dict[str, Any]:
       except Exception:  # noqa: BLE001 - already gone
         pass
     events.close()
+    if metrics is not None:
+      metrics.close()
     if ckpts is not None:
       ckpts.close()
     if started:
