@@ -8,7 +8,11 @@ docs`` and by ``tests/test_docs.py``; the examples run as doctests under pytest
 (``--doctest-modules`` for docstrings, Sybil for the pages; ``conftest.py``).
 """
 
+import hashlib
 import os
+import pathlib
+import tempfile
+import zlib
 
 # The API pages import gradcomp; one CPU device is enough to render them.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -21,6 +25,7 @@ extensions = [
   "myst_parser",
   "sphinx.ext.autodoc",
   "sphinx.ext.autosummary",
+  "sphinx.ext.intersphinx",
   "sphinx.ext.mathjax",
   "sphinx.ext.napoleon",
   "sphinx.ext.viewcode",
@@ -47,3 +52,39 @@ napoleon_custom_sections = [("References", "notes_style"), ("Examples", "example
 html_theme = "furo"
 html_title = "gradcomp"
 html_static_path = []
+
+
+# Links to jax, optax and flax (Linen). The build is offline (CI reaches
+# package registries only), so the projects' objects.inv cannot be
+# downloaded: docs/intersphinx/NAME.txt lists each project's objects (derived
+# from its documentation sources at a named commit by
+# docs/intersphinx/make_inventories.py), compiled here into the inventory
+# format Sphinx reads from a local file.
+_INTERSPHINX = {
+  "jax": "https://docs.jax.dev/en/latest/",
+  "optax": "https://optax.readthedocs.io/en/latest/",
+  "flax": "https://flax-linen.readthedocs.io/en/latest/",
+}
+
+
+def _inventory(name: str) -> str:
+  """``docs/intersphinx/<name>.txt`` as an ``objects.inv`` file; its path."""
+  text = (pathlib.Path(__file__).parent / "intersphinx" / f"{name}.txt").read_text()
+  rows = [line.split() for line in text.splitlines() if line and line[0] != "#"]
+  body = "".join(f"{n} {role} 1 {uri} -\n" for n, role, uri in rows).encode()
+  header = (
+    f"# Sphinx inventory version 2\n# Project: {name}\n# Version: latest\n"
+    "# The remainder of this file is compressed using zlib.\n"
+  ).encode()
+  digest = hashlib.sha256(body).hexdigest()[:16]
+  path = (
+    pathlib.Path(tempfile.gettempdir()) / f"gradcomp-intersphinx-{name}-{digest}.inv"
+  )
+  if not path.exists():
+    path.write_bytes(header + zlib.compress(body))
+  return str(path)
+
+
+intersphinx_mapping = {
+  name: (url, _inventory(name)) for name, url in _INTERSPHINX.items()
+}
