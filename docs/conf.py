@@ -80,8 +80,10 @@ def _inventory(name: str) -> str:
   path = (
     pathlib.Path(tempfile.gettempdir()) / f"gradcomp-intersphinx-{name}-{digest}.inv"
   )
-  if not path.exists():
-    path.write_bytes(header + zlib.compress(body))
+  if not path.exists():  # written whole, then renamed: parallel builds share it
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_bytes(header + zlib.compress(body))
+    os.replace(partial, path)
   return str(path)
 
 
