@@ -53,16 +53,25 @@ def test_plan_rejects_bad_entries(text, words):
     plan.parse(text, islands=3)
 
 
-def test_spread_kills_round_robin():
-  text = plan.spread_kills(4, islands=3, first=2, every=5)
-  assert [(f.island, f.round) for f in plan.parse(text, 3)] == [
-    (0, 2),
-    (1, 7),
-    (2, 12),
-    (0, 17),
+def test_spread_kills_round_robin_in_time():
+  text = plan.spread_kills(4, islands=3, first=2, every=5.5)
+  faults = plan.parse(text, 3)
+  assert [(f.island, f.after, f.round) for f in faults] == [
+    (0, 2.0, -1),
+    (1, 7.5, -1),
+    (2, 13.0, -1),
+    (0, 18.5, -1),
   ]
-  with pytest.raises(ValueError, match="every must be >= 1"):
+  assert not faults[1].due(100, 7.4) and faults[1].due(0, 7.5)
+  assert plan.Fault("kill", 0, 3).due(4, 0.0) and not plan.Fault("kill", 0, 3).due(
+    2, 1e9
+  )
+  with pytest.raises(ValueError, match="every > 0"):
     plan.spread_kills(2, 3, 0, 0)
+  with pytest.raises(ValueError, match="gives both round and after"):
+    plan.parse("kill:island=0,round=1,after=2")
+  with pytest.raises(ValueError, match="must be a finite number of seconds"):
+    plan.parse("kill:island=0,after=-2")
 
 
 # -- settings ---------------------------------------------------------------------

@@ -83,6 +83,7 @@ class Coordinator:
     self.on_round = on_round
     self.checkpoint = checkpoint
     self.failures = 0
+    self.first_round_time = None
     self.join_attempts: dict[int, int] = {}
     self.probes: dict[int, Any] = {}  # dead island -> a pending ping
 
@@ -97,9 +98,10 @@ class Coordinator:
     self.joining.pop(island, None)
 
   def _fault(self, island: int, round_: int):
-    """The first unfired fault of ``island`` planned for ``round_`` or earlier."""
+    """The first unfired fault of ``island`` due in ``round_`` (``Fault.due``)."""
+    elapsed = time.time() - self.first_round_time
     for f in self.faults:
-      if f.island == island and f.round <= round_ and f.kind != "corrupt":
+      if f.island == island and f.kind != "corrupt" and f.due(round_, elapsed):
         self.faults.remove(f)
         self.events.write(
           round_, "fault", island, planned_round=f.round, **f.describe()
@@ -162,10 +164,14 @@ class Coordinator:
     )
     return True
 
-  def _sweep(self) -> None:
-    """Stragglers whose late work is done, joiners whose copy is done: catch up."""
+  def _sweep(self) -> list[int]:
+    """Stragglers whose late work is done, joiners whose copy is done: catch up.
+
+    Returns the islands it synced (to the last closed round).
+    """
     import ray
 
+    synced = []
     for island, (r, info) in list(self.behind.items()):
       ready, _ = ray.wait([info], timeout=0)
       if not ready:
@@ -179,7 +185,8 @@ class Coordinator:
       self.events.write(
         r, "reject", island, reason=f"late: round {r} closed before it arrived"
       )
-      self._catch_up(island, r, "replay")
+      if self._catch_up(island, r, "replay"):
+        synced.append(island)
     for island, (r, peer, ref) in list(self.joining.items()):
       ready, _ = ray.wait([ref], timeout=0)
       if not ready:
@@ -196,7 +203,9 @@ class Coordinator:
           self.events.write(self.round, "leave", island, reason="never came back")
         continue
       self.join_attempts.pop(island, None)
-      self._catch_up(island, r, "peer", peer=peer, copied_round=r)
+      if self._catch_up(island, r, "peer", peer=peer, copied_round=r):
+        synced.append(island)
+    return synced
 
   def _start_joins(self) -> None:
     """Each dead island Ray has brought back copies a synced peer's state.
@@ -253,6 +262,8 @@ class Coordinator:
     import ray
 
     r, start = self.round, time.time()
+    if self.first_round_time is None:
+      self.first_round_time = start
     self._sweep()
     self._start_joins()
     workers = sorted(i for i, s in self.status.items() if s == "synced")

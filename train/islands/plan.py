@@ -19,8 +19,13 @@ Kinds:
 - ``corrupt``: the island adds ``1e-3`` to one of its global params after
   applying that round (a silent divergence the hash check must catch).
 
-Each fault fires once: a restarted island is not killed again by the same
-entry. Pure Python, no Ray: :func:`parse` is unit-tested alone.
+Instead of ``round=R`` a fault may say ``after=S``: it strikes in the first
+round that starts ``S`` seconds or more after the run's first round (the
+benchmark spaces kills in time, so that Ray has brought each island back
+before the next). A fault strikes in the first round at or after its
+``round`` (or time) in which its island works, and fires once: a restarted
+island is not killed again by the same entry. Pure Python, no Ray:
+:func:`parse` is unit-tested alone.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ class Fault:
   Attributes:
     kind: one of :data:`KINDS`.
     island: the island it strikes, >= 0.
-    round: the round it strikes, >= 0.
+    round: the round it strikes, >= 0 (-1 for a fault given by ``after``).
     seconds: a ``delay``'s sleep, > 0 (0.0 for the other kinds).
     forge: a ``forge``'s breakage, one of :data:`FORGE_KINDS` (``""``
       for the other kinds).
@@ -57,6 +62,13 @@ class Fault:
   round: int
   seconds: float = 0.0
   forge: str = ""
+  after: float | None = None
+
+  def due(self, round_: int, elapsed: float) -> bool:
+    """Whether it strikes in ``round_``, started ``elapsed`` s after the first round."""
+    if self.after is not None:
+      return elapsed >= self.after
+    return round_ >= self.round
 
   def describe(self) -> dict:
     """The fault as a JSON-able dict (for ``islands.jsonl``)."""
@@ -94,7 +106,7 @@ def _fault(entry: str) -> Fault:
     key = key.strip()
     if not eq:
       raise ValueError(f"islands.inject: {item!r} in {entry!r} must be key=value")
-    if key not in _KEYS[kind]:
+    if key not in _KEYS[kind] and not (key == "after" and kind != "corrupt"):
       raise ValueError(
         f"islands.inject: {kind} takes {', '.join(_KEYS[kind])}, got {key!r} in "
         f"{entry!r}"
@@ -102,11 +114,25 @@ def _fault(entry: str) -> Fault:
     if key in fields:
       raise ValueError(f"islands.inject: {key} given twice in {entry!r}")
     fields[key] = value.strip()
+  after = None
+  if "after" in fields:
+    if "round" in fields:
+      raise ValueError(f"islands.inject: {entry!r} gives both round and after")
+    try:
+      after = float(fields["after"])
+    except ValueError:
+      after = float("nan")
+    if not 0 <= after < float("inf"):
+      raise ValueError(
+        f"islands.inject: after={fields['after']!r} in {entry!r} must be a finite "
+        "number of seconds >= 0"
+      )
+    fields["round"] = "-1"
   missing = [k for k in _KEYS[kind] if k not in fields]
   if missing:
     raise ValueError(f"islands.inject: {entry!r} lacks {', '.join(missing)}")
   island = _int(entry, "island", fields["island"])
-  round_ = _int(entry, "round", fields["round"])
+  round_ = -1 if after is not None else _int(entry, "round", fields["round"])
   seconds, forge = 0.0, ""
   if kind == "delay":
     try:
@@ -125,7 +151,7 @@ def _fault(entry: str) -> Fault:
         f"islands.inject: kind={forge!r} in {entry!r} must be one of "
         f"{', '.join(FORGE_KINDS)}"
       )
-  return Fault(kind, island, round_, seconds, forge)
+  return Fault(kind, island, round_, seconds, forge, after)
 
 
 def parse(text: str | None, islands: int | None = None) -> tuple[Fault, ...]:
@@ -158,7 +184,7 @@ def parse(text: str | None, islands: int | None = None) -> tuple[Fault, ...]:
         f"islands.inject: island={f.island} in a {f.kind} fault must be in "
         f"[0, {islands}) (islands.count)"
       )
-    if (f.island, f.round) in seen:
+    if f.after is None and (f.island, f.round) in seen:
       raise ValueError(
         f"islands.inject: two faults on island {f.island} in round {f.round}"
       )
@@ -167,27 +193,24 @@ def parse(text: str | None, islands: int | None = None) -> tuple[Fault, ...]:
 
 
 def at_round(faults: Iterable[Fault], round_: int) -> Mapping[int, Fault]:
-  """``{island: fault}`` of the faults that strike in ``round_``."""
+  """``{island: fault}`` of the faults planned for round ``round_``."""
   return {f.island: f for f in faults if f.round == round_}
 
 
-def spread_kills(count: int, islands: int, first: int, every: int) -> str:
-  """A plan of ``count`` kills, one every ``every`` rounds from ``first``, round robin.
+def spread_kills(count: int, islands: int, first: float, every: float) -> str:
+  """A plan of ``count`` kills, one every ``every`` seconds from ``first``, round robin.
 
-  Island ``k mod islands`` dies in round ``first + k * every`` (the benchmark's
-  many-failure run).
+  Island ``k mod islands`` dies in the first round that starts ``first + k *
+  every`` seconds after the first round (the benchmark's many-failure run).
 
   Raises:
-    ValueError: ``count < 0``, ``islands < 1``, ``first < 0`` or ``every < 1``.
+    ValueError: ``count < 0``, ``islands < 1``, ``first < 0`` or ``every <= 0``.
   """
-  for name, value, low in (
-    ("count", count, 0),
-    ("islands", islands, 1),
-    ("first", first, 0),
-    ("every", every, 1),
-  ):
-    if value < low:
-      raise ValueError(f"{name} must be >= {low}, got {value}")
+  if count < 0 or islands < 1 or first < 0 or not every > 0:
+    raise ValueError(
+      f"need count >= 0, islands >= 1, first >= 0 and every > 0; got count={count}, "
+      f"islands={islands}, first={first}, every={every}"
+    )
   return ";".join(
-    f"kill:island={k % islands},round={first + k * every}" for k in range(count)
+    f"kill:island={k % islands},after={first + k * every:g}" for k in range(count)
   )
