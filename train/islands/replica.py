@@ -194,11 +194,11 @@ class Replica:
 
     self._outer_step = jax.jit(outer_step)
 
-    def evaluate(params, x, y):
+    def evaluate(params, x, y, w):
       loss, (acc, _) = step_lib.loss_fn(
-        model, params, model_state, x, y, train=False, criterion=criterion
+        model, params, model_state, x, y, w, train=False, criterion=criterion
       )
-      return loss, acc
+      return jnp.stack([loss * jnp.sum(w), acc * jnp.sum(w), jnp.sum(w)])
 
     self._evaluate = jax.jit(evaluate)
 
@@ -400,7 +400,22 @@ class Replica:
     self.params = jax.tree.unflatten(treedef, leaves)
 
   def evaluate(self) -> dict[str, float]:
-    """Loss and accuracy of the global params on the whole test set."""
+    """Loss and accuracy of the global params on the whole test set.
+
+    In batches of ``config.eval_batch_size``, the last padded with weight 0
+    (one shape, one compile).
+    """
     ds = self.work.dataset
-    loss, acc = self._evaluate(self.params, ds.x_test, ds.y_test)
-    return {"eval_loss": float(loss), "eval_accuracy": float(acc)}
+    n, size = len(ds.y_test), int(self.config.eval_batch_size)
+    totals = np.zeros(3)
+    for start in range(0, n, size):
+      rows = np.arange(start, start + size)
+      w = (rows < n).astype(np.float32)
+      rows = np.minimum(rows, n - 1)
+      x, y = np.asarray(ds.x_test[rows]), np.asarray(ds.y_test[rows])
+      if y.ndim > 1:  # per position: every position of a row weighs as the row
+        w = np.broadcast_to(w.reshape(-1, *([1] * (y.ndim - 1))), y.shape).copy()
+      totals += np.asarray(self._evaluate(self.params, x, y, w), np.float64)
+    loss, correct, seen = totals
+    out = {"eval_loss": float(loss / seen), "eval_accuracy": float(correct / seen)}
+    return {**out, **self.work.eval_metrics(out)}
