@@ -28,7 +28,7 @@ lock:
 	rm -rf .lock-venv
 
 WORKDIR ?= workdirs/default
-LINTED := gradcomp bench tests train configs conftest.py docs/conf.py
+LINTED := gradcomp bench tests train configs conftest.py docs/conf.py docs/intersphinx
 
 # The default training job (configs/default.py); re-running resumes from WORKDIR.
 run: $(STAMP)

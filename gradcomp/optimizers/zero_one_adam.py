@@ -123,7 +123,7 @@ def exchange_schedule(
   local_step_scaler: int = 32678,
   local_step_clipper: int = 16,
 ) -> list[str]:
-  """What each step ``1 .. num_steps`` sends: ``"dense"``, ``"onebit"`` or ``"none"``.
+  """What each step, ``1`` to ``num_steps``, sends: ``"dense"``, ``"onebit"`` or ``"none"``.
 
   The optimizer's own counters, replayed in Python (the tests check the two
   agree).
