@@ -10,10 +10,14 @@ rejoined from a live peer. Reported, from each run's ``islands.jsonl`` and
 
 - rounds per minute (wall clock of the rounds, startup excluded);
 - bytes per round (the payloads applied; each island sends one);
-- time lost per failure: the fault run's extra wall time over the clean
-  run's, per failure, at the same number of rounds (the run's downtime: the
-  other islands go on), and each killed island's own downtime (kill to
-  rejoin) and the time Ray took to report its death;
+- time lost per failure: the time the rounds a failure touched (the one its
+  island died in, the one Ray's report of the death came in, the one it
+  rejoined in) took above the median round, per failure: the run's
+  downtime, since the other islands go on; each killed island's own
+  downtime (kill to rejoin) and the time Ray took to report its death; and
+  the difference of the two runs' wall times per failure (on a shared
+  machine it mixes in the load, and two islands run faster than three on 2
+  cores);
 - the final eval loss of both and their gap;
 - that nothing was lost: every surviving island ends on one hash, every
   round's ``applied`` is the quorum minus its rejected payloads, and every
@@ -28,6 +32,8 @@ import argparse
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench import output
 
@@ -75,7 +81,17 @@ def _audit(workdir: Path) -> dict[str, Any]:
       detect.append(leave["time"] - k["time"])
     if join is not None:
       down.append(join["time"] - k["time"])
+  # The rounds a failure slowed: the one its island died in (closed by Ray's
+  # report of the death or by the grace window) and the one it rejoined in
+  # (a peer's snapshot, the copy, the replay), each above the median round.
+  seconds = {e["round"]: e["seconds"] for e in quorums}
+  median = float(np.median(list(seconds.values()))) if seconds else 0.0
+  slowed = {k["round"] for k in kills} | {e["round"] for e in peer_joins}
+  slowed |= {e["round"] for e in leaves}
+  stall = sum(max(seconds.get(r, median) - median, 0.0) for r in slowed)
   return {
+    "median_round_seconds": median,
+    "stall_seconds": stall,
     "detect_seconds": detect,
     "island_downtime_seconds": down,
     "rounds": len(quorums),
@@ -153,7 +169,8 @@ def format_table(clean: dict, faulty: dict, summary: dict) -> str:
   rows.append("")
   rows.append(
     f"{summary['failures']} failures survived; time lost per failure "
-    f"{summary['time_lost_per_failure_seconds']:.2f} s (the others go on); an "
+    f"{summary['time_lost_per_failure_seconds']:.2f} s (the others go on; wall "
+    f"difference {summary['wall_difference_per_failure_seconds']:+.2f} s); an "
     f"island is back {summary['mean_island_downtime_seconds']:.1f} s after its kill "
     f"(Ray reports the death after {summary['mean_detect_seconds']:.1f} s); loss gap "
     f"{summary['loss_gap']:+.4f}; nothing lost: {summary['nothing_lost']}"

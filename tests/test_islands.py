@@ -30,6 +30,7 @@ FAULTS = ";".join(
     "forge:island=2,round=8,kind=round",
     "kill:island=1,round=9",  # SIGKILL of its own process
     "delay:island=0,round=10,seconds=8",  # time for Ray to bring island 1 back
+    "drop:island=2,round=12",  # never handed in
   ]
 )
 
@@ -123,6 +124,7 @@ def test_forged_payloads_are_rejected_and_never_applied(faulty):
   assert rejects[(6, 0)] == "array 0 is not finite"
   assert rejects[(7, 1)].startswith("array 0 has shape")
   assert rejects[(8, 2)] == "round 7, expected 8"
+  assert rejects[(12, 2)] == "dropped: never handed in"
   for e in events:
     if e["event"] == "quorum":
       bad = {i for (r, i) in rejects if r == e["round"]}

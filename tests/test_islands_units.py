@@ -107,7 +107,8 @@ def test_quorum_waits_for_min_quorum_and_the_grace_window():
   assert not q.closed({0: 10.0, 1: 10.2}, 10.5, expected)  # within the grace window
   assert q.closed({0: 10.0, 1: 10.2}, 11.0, expected)  # grace over, quorum met
   assert q.closed({0: 10.0, 1: 10.1, 2: 10.2}, 10.2, expected)  # all in: no wait
-  assert q.closed({0: 10.0}, 10.0, {0})  # the only live island
+  assert not q.closed({0: 10.0}, 99.0, {0})  # the only one working: below quorum
+  assert quorum.Quorum(1, 1.0).closed({0: 10.0}, 10.0, {0})
   assert q.wait_seconds({}, 5.0, 5.0, 30.0) == 30.0
   assert q.wait_seconds({0: 10.0}, 10.25, 9.0, 30.0) == pytest.approx(0.75)
   with pytest.raises(ValueError, match="min_quorum must be >= 1"):

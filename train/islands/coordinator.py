@@ -215,7 +215,9 @@ class Coordinator:
     """
     import ray
 
-    synced = sorted(i for i, s in self.status.items() if s == "synced")
+    # A working peer's global state is that of the last closed round too: its
+    # snapshot is taken after its work, before it applies the round.
+    synced = sorted(i for i, s in self.status.items() if s in ("synced", "working"))
     back = []
     for island in [i for i, s in self.status.items() if s == "dead"]:
       probe = self.probes.get(island)
@@ -266,35 +268,53 @@ class Coordinator:
       self.first_round_time = start
     self._sweep()
     self._start_joins()
-    workers = sorted(i for i, s in self.status.items() if s == "synced")
-    payloads, infos = {}, {}
-    for i in workers:
+    payloads, infos, pending, expected = {}, {}, {}, set()
+
+    def start_work(i: int) -> None:
       fault = self._fault(i, r)
       p, info = (
         self.handles[i]
         .work.options(num_returns=2)
         .remote(r, None if fault is None else dict(vars(fault)))
       )
-      payloads[i], infos[i] = p, info
+      payloads[i], infos[i], pending[info] = p, info, i
+      expected.add(i)
       self.status[i] = "working"
-    expected = set(workers)
-    pending = {infos[i]: i for i in workers}
+
+    for i in sorted(i for i, s in self.status.items() if s == "synced"):
+      start_work(i)
     arrivals, losses, nbytes, idle = {}, {}, {}, []
     while True:
       now = time.time()
       if self.quorum.closed(arrivals, now, expected):
         break
-      if now - start > self.s.round_timeout_seconds or not pending:
+      if now - start > self.s.round_timeout_seconds:
         raise QuorumError(
           f"round {r}: {len(arrivals)} payloads in after {now - start:.1f} s, "
           f"islands.min_quorum={self.s.min_quorum}; live islands: "
-          f"{sorted(i for i, s in self.status.items() if s != 'dead')}"
+          f"{sorted(i for i, s in self.status.items() if s not in ('dead', 'gone'))}"
         )
       wait = self.quorum.wait_seconds(
         arrivals, now, start, self.s.round_timeout_seconds
       )
-      ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
+      if len(arrivals) + len(pending) < self.s.min_quorum:
+        # Short of a quorum: islands Ray brings back join this round.
+        self._start_joins()
+        wait = min(wait, 0.1)
+      # Stragglers and joiners are watched too: one that is done meanwhile
+      # catches up to round r - 1 and works on round r.
+      others = [ref for _, ref in self.behind.values()]
+      others += [ref for _, _, ref in self.joining.values()]
+      if not pending and not others:
+        time.sleep(wait)
+        continue
+      ready, _ = ray.wait(list(pending) + others, num_returns=1, timeout=wait)
+      if any(ref not in pending for ref in ready):
+        for i in self._sweep():
+          start_work(i)
       for ref in ready:
+        if ref not in pending:
+          continue
         i = pending.pop(ref)
         try:
           info = ray.get(ref)

@@ -1,9 +1,10 @@
 """When a round closes: the quorum and its grace window (DESIGN §12).
 
 Round r closes when at least ``min_quorum`` payloads are in and
-``grace_seconds`` have passed since the first arrived, or as soon as every
-island expected in the round has handed in (waiting longer cannot add a
-payload). A payload that arrives after its round closed is never applied
+``grace_seconds`` have passed since the first arrived, or, once
+``min_quorum`` are in, as soon as every island working on the round has
+handed in (waiting longer cannot add a payload). Below ``min_quorum`` it
+stays open (islands Ray brings back join it) until the round's timeout. A payload that arrives after its round closed is never applied
 (the coordinator keeps its island out of that round; its mass is kept in
 the island's carry, ``replica.py``). Pure Python, no Ray.
 """
@@ -43,12 +44,11 @@ class Quorum:
       now: the current time (same clock as ``arrivals``).
       expected: the islands working on this round.
     """
-    if not arrivals:
+    if len(arrivals) < self.min_quorum:
       return False
     if set(expected) <= set(arrivals):
       return True
-    first = min(arrivals.values())
-    return len(arrivals) >= self.min_quorum and now >= first + self.grace_seconds
+    return now >= min(arrivals.values()) + self.grace_seconds
 
   def wait_seconds(
     self, arrivals: Mapping[int, float], now: float, round_start: float, timeout: float
