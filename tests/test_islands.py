@@ -24,7 +24,7 @@ ROUNDS = 14
 FAULTS = ";".join(
   [
     "delay:island=2,round=2,seconds=2.5",  # past the grace window: skipped
-    "delay:island=0,round=4,seconds=3",  # the quorum of 2 waits: 2 catches up
+    "delay:island=0,round=4,seconds=3",  # meanwhile 2 is back and works
     "forge:island=0,round=6,kind=nan",
     "forge:island=1,round=7,kind=shape",
     "forge:island=2,round=8,kind=round",
@@ -99,7 +99,9 @@ def test_a_killed_island_rejoins_from_a_live_peer(faulty):
   end = events[-1]
   assert end["event"] == "end" and end["islands"] == [0, 1, 2] and not end["not_synced"]
   assert set(out["final_hashes"].values()) == {end["hash"]}  # survivors identical
-  assert peer[0]["hash"] == end["hash"] or peer[0]["round"] <= ROUNDS
+  # Its state after the copy and the replay is the one the quorum agreed on.
+  agreed = {e["round"]: e["hash"] for e in events if e["event"] == "quorum"}
+  assert peer[0]["hash"] == agreed[peer[0]["round"] - 1]
 
 
 def test_a_straggler_is_skipped_and_rejoins(faulty):
@@ -112,23 +114,42 @@ def test_a_straggler_is_skipped_and_rejoins(faulty):
   replay = [e for e in events if e["event"] == "join" and e["via"] == "replay"]
   assert replay[0]["island"] == 2 and replay[0]["replayed"][0] == 2
   back = replay[0]["round"]
-  assert back < 6 and 2 in quorum[back]["islands"]  # in again mid-run
+  assert any(2 in quorum[r]["islands"] for r in range(back, ROUNDS))  # in again
 
 
-def test_forged_payloads_are_rejected_and_never_applied(faulty):
+REASONS = {
+  "nan": "array 0 is not finite",
+  "shape": "array 0 has shape (11,), expected (12,)",
+  "round": "round {r_1}, expected {r}",
+  "drop": "dropped: never handed in",
+}
+
+
+def test_forged_and_dropped_payloads_are_rejected_and_never_applied(faulty):
+  """Each fault strikes in the first round its island works at or after the
+  planned one (a straggler's forge waits for it): the reject names that round."""
   workdir, _ = faulty
   events = records.read(workdir)
   rejects = {
     (e["round"], e["island"]): e["reason"] for e in events if e["event"] == "reject"
   }
-  assert rejects[(6, 0)] == "array 0 is not finite"
-  assert rejects[(7, 1)].startswith("array 0 has shape")
-  assert rejects[(8, 2)] == "round 7, expected 8"
-  assert rejects[(12, 2)] == "dropped: never handed in"
+  faults = [
+    e for e in events if e["event"] == "fault" and e["kind"] in ("forge", "drop")
+  ]
+  assert sorted(e.get("forge") or e["kind"] for e in faults) == [
+    "drop",
+    "nan",
+    "round",
+    "shape",
+  ]
+  for f in faults:
+    r, kind = f["round"], f.get("forge") or f["kind"]
+    assert rejects[(r, f["island"])] == REASONS[kind].format(r=r, r_1=r - 1)
   for e in events:
     if e["event"] == "quorum":
       bad = {i for (r, i) in rejects if r == e["round"]}
       assert e["applied"] == sorted(set(e["islands"]) - bad)
+      assert e["islands"] and set(e["applied"]) <= set(e["islands"])
 
 
 def test_final_loss_within_the_argued_tolerance(baseline, faulty):
