@@ -105,26 +105,46 @@ def _audit(workdir: Path) -> dict[str, Any]:
   }
 
 
+def _read(label: str, workdir: Path) -> dict[str, Any]:
+  """A finished run's numbers, all from its ``islands.jsonl`` and ``metrics.jsonl``."""
+  from train import logs
+  from train.islands import records
+
+  events = records.read(workdir)
+  quorums = [e for e in events if e["event"] == "quorum"]
+  faults = [e for e in events if e["event"] == "fault"]
+  final = [r for r in logs.read_metrics(workdir / "metrics.jsonl") if r.get("final")]
+  end = events[-1] if events and events[-1]["event"] == "end" else {}
+  # From the first round's start to the last round's close.
+  seconds = quorums[-1]["time"] - (quorums[0]["time"] - quorums[0]["seconds"])
+  return {
+    "label": label,
+    "workdir": str(workdir),
+    # The faults as they struck (round, and seconds into the run if planned so).
+    "faults": [
+      {
+        "kind": f["kind"],
+        "island": f["island"],
+        "round": f["round"],
+        "after": f.get("after"),
+      }
+      for f in faults
+    ],
+    "rounds_seconds": seconds,
+    "rounds_per_minute": len(quorums) / seconds * 60.0,
+    "bytes_per_round": float(np.mean([e["bytes"] for e in quorums])),
+    "eval_loss": final[-1]["eval_loss"],
+    "eval_accuracy": final[-1]["eval_accuracy"],
+    "final_hashes": [end["hash"]] if end else [],
+    **_audit(workdir),
+  }
+
+
 def _one(label: str, config, workdir: Path) -> dict[str, Any]:
   from train.islands import run as islands_run
 
-  start = time.time()
-  out = islands_run.train_and_evaluate(config, workdir)
-  wall = time.time() - start
-  audit = _audit(workdir)
-  return {
-    "label": label,
-    "inject": config.islands.inject,
-    "wall_seconds": wall,
-    "rounds_seconds": out["rounds_seconds"],
-    "rounds_per_minute": out["rounds"] / out["rounds_seconds"] * 60.0,
-    "bytes_per_round": out["bytes_per_round"],
-    "eval_loss": out["eval_loss"],
-    "eval_accuracy": out["eval_accuracy"],
-    "final_hashes": sorted(set(out["final_hashes"].values())),
-    "sim_seconds": out["sim_seconds"],
-    **audit,
-  }
+  islands_run.train_and_evaluate(config, workdir)
+  return _read(label, workdir)
 
 
 def _mean(xs) -> float:
@@ -136,7 +156,8 @@ def summarize(clean: dict, faulty: dict) -> dict[str, Any]:
   failures = max(faulty["failures"], 1)
   return {
     "failures": faulty["failures"],
-    "time_lost_per_failure_seconds": (
+    "time_lost_per_failure_seconds": faulty["stall_seconds"] / failures,
+    "wall_difference_per_failure_seconds": (
       faulty["rounds_seconds"] - clean["rounds_seconds"]
     )
     / failures,
@@ -178,6 +199,16 @@ def format_table(clean: dict, faulty: dict, summary: dict) -> str:
   return "\n".join(rows)
 
 
+def _publish(clean: dict, faulty: dict, out_dir: str) -> dict[str, Any]:
+  summary = summarize(clean, faulty)
+  table = format_table(clean, faulty, summary)
+  result = {"clean": clean, "faults": faulty, "summary": summary}
+  print(table)
+  output.write_json(out_dir, "islands.json", result)
+  (Path(out_dir) / "islands.md").write_text(table + "\n")
+  return result
+
+
 def run(
   failures: int = 10,
   rounds: int = 3000,
@@ -185,8 +216,20 @@ def run(
   every: float = 7.0,
   grace: float = 0.5,
   out_dir: str = "bench_out/",
+  reuse: str | None = None,
 ) -> dict[str, Any]:
-  """Both runs on one local Ray; writes ``islands.json`` and ``islands.md``."""
+  """Both runs on one local Ray; writes ``islands.json`` and ``islands.md``.
+
+  ``reuse``: a directory holding ``clean/`` and ``faults/`` of finished runs,
+  read instead of running again.
+  """
+  if reuse is not None:
+    base = Path(reuse)
+    return _publish(
+      _read("no failures", base / "clean"),
+      _read(f"{failures} kills", base / "faults"),
+      out_dir,
+    )
   from train.islands import plan
   from train.islands import run as islands_run
 
@@ -205,13 +248,7 @@ def run(
       import ray
 
       ray.shutdown()
-  summary = summarize(clean, faulty)
-  table = format_table(clean, faulty, summary)
-  result = {"clean": clean, "faults": faulty, "summary": summary, "workdirs": str(base)}
-  print(table)
-  output.write_json(out_dir, "islands.json", result)
-  (out / "islands.md").write_text(table + "\n")
-  return result
+  return _publish(clean, faulty, out_dir)
 
 
 def add_parser(suites) -> None:
@@ -223,11 +260,24 @@ def add_parser(suites) -> None:
   p.add_argument("--every", type=float, default=7.0, help="seconds between kills")
   p.add_argument("--grace", type=float, default=0.5, help="islands.grace_seconds")
   p.add_argument("--out", default="bench_out/", help="directory for islands.*")
+  p.add_argument(
+    "--reuse",
+    default=None,
+    help="a directory with clean/ and faults/ of finished runs: read, not rerun",
+  )
   p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> None:
-  run(args.failures, args.rounds, args.first, args.every, args.grace, args.out)
+  run(
+    args.failures,
+    args.rounds,
+    args.first,
+    args.every,
+    args.grace,
+    args.out,
+    args.reuse,
+  )
 
 
 if __name__ == "__main__":

@@ -77,6 +77,8 @@ class Fault:
       out["seconds"] = self.seconds
     if self.kind == "forge":
       out["forge"] = self.forge
+    if self.after is not None:
+      out["after"] = self.after
     return out
 
 
