@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +38,22 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> bool:
 
   if ray.is_initialized():
     return False
-  if address is not None:
-    ray.init(address=address, log_to_driver=False)
-    return False
-  ray.init(
-    _node_ip_address=LOCAL_ADDRESS,
-    include_dashboard=False,
-    num_cpus=num_cpus,
-    log_to_driver=False,
-    configure_logging=False,
-  )
+  with warnings.catch_warnings():
+    # Ray starts its servers by fork + exec; JAX, if already running here,
+    # warns on any fork, but the children exec at once and run no JAX.
+    warnings.filterwarnings(
+      "ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning
+    )
+    if address is not None:
+      ray.init(address=address, log_to_driver=False)
+      return False
+    ray.init(
+      _node_ip_address=LOCAL_ADDRESS,
+      include_dashboard=False,
+      num_cpus=num_cpus,
+      log_to_driver=False,
+      configure_logging=False,
+    )
   return True
 
 
