@@ -5,7 +5,7 @@ the mean over workers (``axis_name``) of the decompressed gradients. This
 namespace holds what a training script uses: the compressors and the parts to
 build one, ``layerfusion`` and its ``Plan``, the training schemes, the
 compressor registry, the optimizers that compress their momentum
-(``onebit_adam``, ``zero_one_adam``, ``demo``), ``wire_bytes`` and the worker-axis helpers. The rest lives
+(``onebit_adam``, ``compressed_adam``, ``zero_one_adam``, ``demo``), ``wire_bytes`` and the worker-axis helpers. The rest lives
 in subpackages:
 
 * :mod:`gradcomp.fusion` -- LayerFusion's planner: gradient order, profiles,
@@ -53,9 +53,15 @@ from gradcomp.compressors.sketch_topk import sketch_topk as sketch_topk
 from gradcomp.compressors.sparse_quantize import sparse_quantize as sparse_quantize
 from gradcomp.compressors.threshold import threshold_quantize as threshold_quantize
 from gradcomp.compressors.topk import topk as topk
+from gradcomp.compressors.warmup import DenseWarmupState as DenseWarmupState
+from gradcomp.compressors.warmup import dense_warmup as dense_warmup
 from gradcomp.fusion.hierarchical import hierarchical as hierarchical
 from gradcomp.fusion.layerfusion import layerfusion as layerfusion
 from gradcomp.fusion.plan import Plan as Plan
+from gradcomp.optimizers.compressed_adam import (
+  CompressedAdamState as CompressedAdamState,
+)
+from gradcomp.optimizers.compressed_adam import compressed_adam as compressed_adam
 from gradcomp.optimizers.demo import DeMoState as DeMoState
 from gradcomp.optimizers.demo import demo as demo
 from gradcomp.optimizers.onebit_adam import OneBitAdamState as OneBitAdamState
@@ -100,9 +106,13 @@ __all__ = [
   "BackupState",
   "cdsgd",
   "CDSGDState",
+  "compressed_adam",
+  "CompressedAdamState",
   "CompressorState",
   "demo",
   "DeMoState",
+  "dense_warmup",
+  "DenseWarmupState",
   "dgc",
   "drop_worker_axis",
   "dynamic_fixed_point",

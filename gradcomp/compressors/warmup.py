@@ -114,8 +114,7 @@ def dense_warmup(
     the warm-up):
 
     >>> import jax.numpy as jnp, gradcomp
-    >>> from gradcomp.compressors.warmup import dense_warmup
-    >>> tx = dense_warmup(gradcomp.topk(0.34), 2)
+    >>> tx = gradcomp.dense_warmup(gradcomp.topk(0.34), 2)
     >>> g = {"w": jnp.array([0.5, -3.0, 1.0])}
     >>> state = tx.init(g)
     >>> for _ in range(3):

@@ -133,9 +133,8 @@ def compressed_adam(
     the gradient itself); after it, the momentum goes through the codec:
 
     >>> import jax.numpy as jnp, optax, gradcomp
-    >>> from gradcomp.optimizers.compressed_adam import compressed_adam
     >>> p, g = {"w": jnp.array([1.0, -2.0, 0.5])}, {"w": jnp.array([0.5, 0.25, -1.0])}
-    >>> tx = compressed_adam(0.1, gradcomp.topk(0.34), freeze_step=1)
+    >>> tx = gradcomp.compressed_adam(0.1, gradcomp.topk(0.34), freeze_step=1)
     >>> ref = optax.adamw(0.1, weight_decay=0.0)
     >>> u, state = tx.update(g, tx.init(p), p)
     >>> v, _ = ref.update(g, ref.init(p), p)
