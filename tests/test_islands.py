@@ -56,7 +56,10 @@ def _config(**islands):
 @pytest.fixture(scope="module")
 def baseline(local_ray, tmp_path_factory):
   workdir = tmp_path_factory.mktemp("baseline")
-  out = run.train_and_evaluate(_config(checkpoint_every_rounds=7), workdir)
+  # A long grace window: a round closes as soon as all three are in, and a
+  # busy machine's slow round does not make a straggler of the clean run.
+  config = _config(checkpoint_every_rounds=7, grace_seconds=5.0)
+  out = run.train_and_evaluate(config, workdir)
   return workdir, out
 
 
@@ -110,9 +113,16 @@ def test_a_straggler_is_skipped_and_rejoins(faulty):
   quorum = {e["round"]: e for e in events if e["event"] == "quorum"}
   assert quorum[2]["islands"] == [0, 1]
   late = [e for e in events if e["event"] == "reject" and e["island"] == 2]
-  assert late[0]["round"] == 2 and late[0]["reason"].startswith("late: round 2 closed")
-  replay = [e for e in events if e["event"] == "join" and e["via"] == "replay"]
-  assert replay[0]["island"] == 2 and replay[0]["replayed"][0] == 2
+  assert any(
+    e["round"] == 2 and e["reason"].startswith("late: round 2 closed") for e in late
+  )
+  replay = [
+    e
+    for e in events
+    if e["event"] == "join" and e["via"] == "replay" and e["island"] == 2
+  ]
+  replay = [e for e in replay if e["replayed"][0] == 2]
+  assert len(replay) == 1
   back = replay[0]["round"]
   assert any(2 in quorum[r]["islands"] for r in range(back, ROUNDS))  # in again
 

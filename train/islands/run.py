@@ -48,6 +48,7 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> bool:
       ray.init(address=address, log_to_driver=False)
       return False
     ray.init(
+      address="local",  # a new one, never a cluster `ray start` left running
       _node_ip_address=LOCAL_ADDRESS,
       include_dashboard=False,
       num_cpus=num_cpus,
