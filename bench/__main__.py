@@ -24,6 +24,7 @@ Example::
   python -m bench streaming --seeds 1
   python -m bench device-step --model gpt2_small --batch 8
   python -m bench hierarchy --models resnet50,gpt2_small
+  python -m bench islands --failures 10 --rounds 3000
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from bench import (
   cdsgd,
   compress,
   gossip,
+  islands,
   schemes,
   sketch,
   transformer,
@@ -877,6 +879,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   ds.add_argument("--repeats", type=int, default=20, help="timed steps (median)")
   ds.add_argument("--out", default="bench_out/", help="directory for device_step.*")
   ds.set_defaults(func=_device_step)
+  islands.add_parser(suites)
   args = parser.parse_args(argv)
   if args.suite in ("sizes", "wire"):
     from bench import sizes, wire_suite
