@@ -1,4 +1,4 @@
-"""Islands on a local Ray (DESIGN §12): kills, stragglers, forged payloads, resume.
+"""Islands on a local Ray: kills, stragglers, forged payloads, resume.
 
 One local Ray per module, bound to 127.0.0.1 and stopped at the end; three
 runs share it: a run without failures (its checkpoint seeds the resume), a
@@ -19,6 +19,9 @@ from configs import islands as islands_config  # noqa: E402
 from train import logs  # noqa: E402
 from train.islands import checkpoint as checkpoint_lib  # noqa: E402
 from train.islands import coordinator, records, run  # noqa: E402
+
+# One worker runs the module: its tests share one local Ray and its runs.
+pytestmark = pytest.mark.xdist_group("islands")
 
 ROUNDS = 14
 FAULTS = ";".join(
