@@ -233,8 +233,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.cluster = cluster()
 
   config.optimizer = ml_collections.ConfigDict()
-  # sgd | adamw | onebit_adam | zero_one_adam | demo | compressed_adam
-  # (train/optimizer.py; the last four exchange their own momentum:
+  # sgd | adamw | muon | onebit_adam | zero_one_adam | demo | compressed_adam
+  # (train/optimizer.py; muon is optax.contrib.muon, MuLoCo's inner optimizer
+  # under scheme local_sgd; the last four exchange their own momentum:
   # compressor none, but compressed_adam's codec is config.compressor;
   # onebit_adam and compressed_adam need freeze_step)
   config.optimizer.name = "sgd"
@@ -250,6 +251,18 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.min_learning_rate_ratio = 0.0  # warmup_cosine: final / peak
   # Clip the exchanged gradient's global norm (None: no clipping).
   config.optimizer.clip_norm = config_dict.placeholder(float)
+  # Whose gradient clip_norm clips (train/optimizer.py, clip_scope): "worker"
+  # (each worker's own, before any exchange or compressor: the one rule every
+  # method can follow, the transformer study's) | "mean" (the exchanged mean,
+  # synchronous chains). A placeholder: unset is each method's behaviour
+  # before the field existed, and earlier runs' configs stay the same (the
+  # benchmarks' --reuse).
+  config.optimizer.clip_scope = config_dict.placeholder(str)
+  # True: AdamW's weight-decay mask (matrices and embeddings, not norms and
+  # biases) for every optimizer, DeMo and SGD included; False: every leaf
+  # decayed. A placeholder: unset is each optimizer's mask before the field
+  # existed (AdamW, Muon and the Adam family masked, SGD and DeMo not).
+  config.optimizer.mask_decay = config_dict.placeholder(bool)
   # onebit_adam, compressed_adam: dense AdamW updates before the variance
   # freezes.
   config.optimizer.freeze_step = config_dict.placeholder(int)
@@ -259,7 +272,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.local_step_scaler = config_dict.placeholder(int)
   config.optimizer.local_step_clipper = config_dict.placeholder(int)
   # demo: momentum decay, DCT chunk and coefficients kept per chunk (None:
-  # DeMo's 0.999, 64, 32).
+  # DeMo's 0.999, 64, 32). muon: beta is its momentum (None: 0.95).
   config.optimizer.beta = config_dict.placeholder(float)
   config.optimizer.chunk = config_dict.placeholder(int)
   config.optimizer.topk = config_dict.placeholder(int)

@@ -1,4 +1,4 @@
-"""The optimizer's parts of a config: compressor, LayerFusion plan, SGD or AdamW.
+"""The optimizer's parts of a config: compressor, LayerFusion plan, SGD, AdamW or Muon.
 
 ``train/schemes/`` puts them together, each scheme its own way (its
 ``build_optimizer``).
@@ -19,6 +19,13 @@ exchange runs inside ``tx.update`` over ``axis_name``. ``apply_if_finite`` sits
 outside everything, so a step whose gradient (or loss, see ``train/step.py``)
 is non-finite on any worker leaves params, momentum and residuals untouched on
 every worker.
+
+Two fields make one protocol for every method (DESIGN §11, the transformer
+study ``bench/study.py`` sets both): ``config.optimizer.clip_scope``
+(:func:`clip_scope`) says whose gradient ``clip_norm`` clips, and
+``config.optimizer.mask_decay`` (:func:`decay_mask_of`) which leaves weight
+decay reaches. Both are placeholders: unset, every method does what it did
+before they existed.
 """
 
 from __future__ import annotations
@@ -326,7 +333,7 @@ def learning_rate(cfg, total_steps: int) -> optax.ScalarOrSchedule:
 
 
 #: The worker's optimizer by ``config.optimizer.name``.
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "muon")
 #: Optimizers that exchange, and compress, their own momentum
 #: (``gradcomp.optimizers``): used alone, on each worker's own gradient.
 SELF_EXCHANGING = ("onebit_adam", "zero_one_adam", "demo", "compressed_adam")
@@ -340,6 +347,192 @@ _ZERO_ONE_FIELDS = (
   "local_step_scaler",
   "local_step_clipper",
 )
+
+
+#: ``config.optimizer.clip_scope``: whose gradient ``clip_norm`` clips.
+CLIP_SCOPES = ("worker", "mean")
+#: Schemes whose local optimizer (``config.optimizer``) steps on each worker's
+#: own gradient, before any exchange: its clipping is the worker's.
+WORKER_CHAIN_SCHEMES = (
+  "local_sgd",
+  "sparseloco",
+  "easgd",
+  "gossip",
+  "gosgd",
+  "edgegossip",
+)
+
+
+def clip_scope(config, scheme: str | None = None) -> str:
+  """Whose gradient ``config.optimizer.clip_norm`` clips: ``"worker"`` or ``"mean"``.
+
+  ``config.optimizer.clip_scope``:
+
+  - ``"worker"``: every worker clips its own gradient's global norm to
+    ``clip_norm`` before anything is exchanged or compressed. In
+    synchronous training the clip sits before the compressor
+    (:func:`worker_clipped`) and the exchanged mean is not clipped again;
+    an optimizer that exchanges its own momentum (:data:`SELF_EXCHANGING`)
+    and the inner optimizer of a scheme in :data:`WORKER_CHAIN_SCHEMES`
+    (DiLoCo's, MuLoCo's, SparseLoCo's inner steps) clip there already. The
+    one rule every method can follow: the transformer study
+    (``bench/study.py``, DESIGN §11) sets it.
+  - ``"mean"``: synchronous training clips the exchanged mean, after the
+    compressor (what its chains did before the field existed); so do the
+    schemes whose ``config.optimizer`` steps on a mean (``cdsgd``'s server,
+    ``stale_sgd``, ``async_ps``, ``backup_workers``).
+  - unset (a placeholder, so the configs of earlier runs are unchanged):
+    each method as before the field existed, ``"mean"`` for synchronous
+    chains and the mean-stepping schemes, ``"worker"`` for the others.
+
+  Args:
+    config: the run's config.
+    scheme: ``config.scheme.name``; ``None`` reads it from ``config``.
+
+  Raises:
+    ValueError: a scope not in :data:`CLIP_SCOPES`, or one the method cannot
+      follow (``"mean"`` where no mean gradient exists, ``"worker"`` where a
+      scheme exchanges before its optimizer steps), naming the field.
+  """
+  scheme = scheme_name(config) if scheme is None else scheme
+  cfg = config.optimizer
+  scope = cfg.get("clip_scope")
+  own = exchanges_itself(cfg) or scheme in WORKER_CHAIN_SCHEMES
+  natural = "worker" if own else "mean"
+  if scope is None:
+    return natural
+  if scope not in CLIP_SCOPES:
+    raise ValueError(
+      f"config.optimizer.clip_scope must be one of {CLIP_SCOPES} or unset, "
+      f"got {scope!r}"
+    )
+  if scope == natural or (scheme == "none" and not own):
+    return scope
+  if scope == "mean":
+    what = (
+      f"config.optimizer.name={cfg.name} steps on each worker's own gradient"
+      if exchanges_itself(cfg)
+      else f"scheme {scheme}'s optimizer steps on each worker's own gradient"
+    )
+    raise ValueError(
+      f"config.optimizer.clip_scope='mean' clips an exchanged mean gradient, "
+      f"but {what}: use 'worker' (or leave it unset)"
+    )
+  raise ValueError(
+    f"config.optimizer.clip_scope='worker' clips each worker's gradient before "
+    f"the exchange, but scheme {scheme} exchanges inside itself and steps "
+    "config.optimizer on the result: use 'mean' (or leave it unset)"
+  )
+
+
+def check_clip_scope(config, scheme: str) -> None:
+  """Raises ``ValueError`` unless ``config.optimizer.clip_scope`` can run as set.
+
+  :func:`clip_scope`'s checks; and a synchronous chain clips each worker's
+  gradient on a ``data=N`` mesh only, without sufficient factors (the
+  clip's norm is over the whole gradient the compressor sees).
+  """
+  clip_scope(config, scheme)
+  if not clips_before_exchange(config, scheme):
+    return
+  where = "config.optimizer.clip_scope='worker'"
+  if config.get("sufficient_factors"):
+    raise ValueError(f"{where} does not run with config.sufficient_factors")
+  if config.get("mesh") is not None and len(mesh_spec(config).names) > 1:
+    raise ValueError(
+      f"{where} clips before the compressor on a data=N mesh only, not "
+      f"config.mesh={config.mesh!r}"
+    )
+
+
+def clips_before_exchange(config, scheme: str | None = None) -> bool:
+  """Whether synchronous training clips each worker's gradient before its compressor.
+
+  ``config.optimizer.clip_scope="worker"`` with ``clip_norm`` set, scheme
+  ``none``, and an optimizer that does not exchange itself: then
+  :func:`worker_clipped` clips before the exchange and the local optimizer
+  (``local_optimizer(..., clip=False)``) does not clip the mean.
+  """
+  scheme = scheme_name(config) if scheme is None else scheme
+  cfg = config.optimizer
+  return (
+    scheme == "none"
+    and not exchanges_itself(cfg)
+    and cfg.get("clip_norm") is not None
+    and clip_scope(config, scheme) == "worker"
+  )
+
+
+def worker_clipped(config, fused) -> optax.GradientTransformation:
+  """``fused`` (the exchange) after each worker clips its own gradient, if it must.
+
+  ``chain(clip_by_global_norm(clip_norm), fused)`` when
+  :func:`clips_before_exchange`, else ``fused`` itself (the same
+  transformation and state as before ``clip_scope`` existed).
+  """
+  if not clips_before_exchange(config):
+    return fused
+  return optax.chain(*_clipping(config.optimizer), fused)
+
+
+def decay_mask_of(cfg, default):
+  """The weight-decay mask ``config.optimizer.mask_decay`` gives an optimizer.
+
+  ``True``: :func:`decay_mask` (AdamW's: matrices and embeddings decayed,
+  norms and biases not) for every optimizer, DeMo and SGD included; the
+  transformer study sets it. ``False``: no mask, every leaf decayed.
+  Unset (a placeholder, so earlier runs' configs are unchanged):
+  ``default``, each optimizer's mask before the field existed
+  (:func:`decay_mask` for AdamW, Muon and the Adam family, ``None`` for SGD
+  and DeMo, whose reference decays every leaf).
+
+  Raises:
+    ValueError: a value that is not ``True``, ``False`` or unset.
+  """
+  mask = cfg.get("mask_decay")
+  if mask is None:
+    return default
+  if not isinstance(mask, bool):
+    raise ValueError(
+      f"config.optimizer.mask_decay must be True, False or unset, got {mask!r}"
+    )
+  return decay_mask if mask else None
+
+
+def muon(cfg, learning_rate, mask) -> optax.GradientTransformation:
+  """``optax.contrib.muon`` with ``config.optimizer``'s fields (MuLoCo's inner optimizer).
+
+  Muon (Jordan et al. 2024): Nesterov momentum ``beta`` (``cfg.beta``,
+  unset: 0.95, the paper's and optax's) orthogonalised by five
+  Newton-Schulz steps for each 2-D leaf, scaled by
+  ``sqrt(max(1, fan_out / fan_in))``; every other leaf (biases, norms,
+  leaves of rank 3 and more) steps with optax's AdamW fallback, at the same
+  learning rate, ``b1``, ``b2`` and ``eps`` from ``cfg``: as
+  ``optax.contrib.muon`` does it. Weight decay ``cfg.weight_decay`` on the
+  2-D leaves ``mask`` decays (``None``: all of them); the AdamW fallback
+  takes no mask, so it decays its leaves only when ``mask`` is ``None``
+  (with :func:`decay_mask` its leaves of rank 1 are undecayed, as AdamW's
+  mask wants; a rank-3+ leaf, which that mask would decay, is not).
+  Thérien et al. 2025 (MuLoCo, arXiv 2505.23725) use it as DiLoCo's inner
+  optimizer: ``config.scheme.name=local_sgd`` (``configs/muloco.py``).
+
+  Raises:
+    ValueError: ``cfg.beta`` outside [0, 1).
+  """
+  beta = cfg.get("beta")
+  beta = 0.95 if beta is None else beta
+  if not 0.0 <= beta < 1.0:
+    raise ValueError(f"config.optimizer.beta (muon) must be in [0, 1), got {beta}")
+  return optax.contrib.muon(
+    learning_rate,
+    beta=beta,
+    eps=cfg.get("eps", 1e-8),
+    weight_decay=cfg.weight_decay,
+    weight_decay_mask=mask,
+    adam_b1=cfg.get("b1", 0.9),
+    adam_b2=cfg.get("b2", 0.999),
+    adam_weight_decay=cfg.weight_decay if mask is None else 0.0,
+  )
 
 
 def _clipping(cfg, shards=None) -> list[optax.GradientTransformation]:
@@ -372,10 +565,20 @@ def check_self_exchanging(config, scheme: str) -> None:
   Synchronous data parallelism only, no compressor before it (it compresses
   its own exchange; ``compressed_adam``'s codec is ``config.compressor``),
   no sufficient factors, and its required fields set. Also checks
-  ``config.compressor.warmup_steps`` (:func:`check_warmup`).
+  ``config.compressor.warmup_steps`` (:func:`check_warmup`),
+  ``config.optimizer.clip_scope`` (:func:`check_clip_scope`),
+  ``config.optimizer.mask_decay`` (:func:`decay_mask_of`) and Muon's mesh.
   """
   check_warmup(config, scheme)
+  check_clip_scope(config, scheme)
   cfg = config.optimizer
+  decay_mask_of(cfg, None)
+  if cfg.get("name") == "muon" and config.get("mesh") is not None:
+    if mesh_spec(config).fsdp is not None:
+      raise ValueError(
+        "config.optimizer.name=muon orthogonalises whole matrices: not on an "
+        f"FSDP mesh (config.mesh={config.mesh!r}), whose optimizer sees shards"
+      )
   if not exchanges_itself(cfg):
     return
   name = cfg.name
@@ -412,10 +615,12 @@ def self_exchanging(
   """The whole optimizer of ``cfg.name`` in :data:`SELF_EXCHANGING`, on local gradients.
 
   ``cfg.clip_norm`` clips each worker's own gradient (there is no mean
-  gradient in the compressed phases to clip). 1-bit, 0/1 and
-  compressed-momentum Adam's weight decay is masked by :func:`decay_mask`,
-  as AdamW's; DeMo decays every leaf, as its reference does. ``codec``:
-  ``compressed_adam``'s (:func:`momentum_codec`).
+  gradient in the compressed phases to clip): ``clip_scope="worker"``,
+  whether set or not. Weight decay by :func:`decay_mask_of`: unset, 1-bit,
+  0/1 and compressed-momentum Adam mask it by :func:`decay_mask`, as
+  AdamW's, and DeMo decays every leaf, as its reference does;
+  ``mask_decay=True`` masks DeMo's too. ``codec``: ``compressed_adam``'s
+  (:func:`momentum_codec`).
   """
   parts = _clipping(cfg)
   lr = learning_rate(cfg, total_steps)
@@ -424,6 +629,9 @@ def self_exchanging(
     kwargs = {
       k: cfg.get(k) for k in ("beta", "chunk", "topk") if cfg.get(k) is not None
     }
+    mask = decay_mask_of(cfg, None)
+    if mask is not None:  # Unset: the call as before mask existed.
+      kwargs["mask"] = mask
     parts.append(
       gradcomp.demo(lr, weight_decay=cfg.weight_decay, axis_name=axis_name, **kwargs)
     )
@@ -433,7 +641,7 @@ def self_exchanging(
     "b2": cfg.get("b2", 0.999),
     "eps": cfg.get("eps", 1e-8),
     "weight_decay": cfg.weight_decay,
-    "mask": decay_mask,
+    "mask": decay_mask_of(cfg, decay_mask),
     "axis_name": axis_name,
   }
   if cfg.name == "zero_one_adam":
@@ -529,14 +737,21 @@ def decay_mask(params):
 
 
 def local_optimizer(
-  cfg, total_steps: int, shards: mesh_lib.ShardedParams | None = None
+  cfg, total_steps: int, shards: mesh_lib.ShardedParams | None = None, *, clip=True
 ) -> list[optax.GradientTransformation]:
-  """The chain after the exchange: [clipping], then SGD (+ weight decay) or AdamW.
+  """The local optimizer: [clipping], then SGD (+ weight decay), AdamW or Muon.
 
-  ``cfg.clip_norm`` clips the global norm of the exchanged (mean) gradient.
-  ``sgd`` adds ``cfg.weight_decay * params`` to every leaf, then SGD with
-  momentum; ``adamw`` is ``optax.adamw`` with decoupled weight decay masked by
-  :func:`decay_mask` (Loshchilov & Hutter 2019).
+  In synchronous training it steps on the exchanged mean; in a scheme of
+  :data:`WORKER_CHAIN_SCHEMES` on each worker's own gradient (the inner
+  optimizer). ``cfg.clip_norm`` clips the global norm of what it receives,
+  unless ``clip=False`` (synchronous training with
+  ``clip_scope="worker"``, whose workers clipped before the compressor:
+  :func:`clips_before_exchange`). ``sgd`` adds ``cfg.weight_decay * params``
+  (to every leaf unless ``mask_decay=True``), then SGD with momentum;
+  ``adamw`` is ``optax.adamw`` with decoupled weight decay masked by
+  :func:`decay_mask` (Loshchilov & Hutter 2019); ``muon`` is
+  ``optax.contrib.muon`` (:func:`muon`), masked the same way. Masks by
+  :func:`decay_mask_of`.
 
   ``shards``: under FSDP (``train.mesh.ShardedParams``) the chain updates
   each device's 1-D shards of the mean gradient; clipping then sums the
@@ -547,11 +762,16 @@ def local_optimizer(
     ValueError: an unknown ``cfg.name`` or schedule, or a non-positive clip norm.
   """
   name = cfg.get("name", "sgd")
-  parts = _clipping(cfg, shards)
+  parts = _clipping(cfg, shards) if clip else []
   lr = learning_rate(cfg, total_steps)
+
+  def on_shards(mask):
+    return mask if mask is None or shards is None else mask(shards.like)
+
   if name == "sgd":
     if cfg.weight_decay:
-      parts.append(optax.add_decayed_weights(cfg.weight_decay))
+      mask = on_shards(decay_mask_of(cfg, None))
+      parts.append(optax.add_decayed_weights(cfg.weight_decay, mask))
     parts.append(optax.sgd(lr, momentum=cfg.momentum, nesterov=cfg.nesterov))
   elif name == "adamw":
     parts.append(
@@ -561,9 +781,15 @@ def local_optimizer(
         b2=cfg.get("b2", 0.999),
         eps=cfg.get("eps", 1e-8),
         weight_decay=cfg.weight_decay,
-        mask=decay_mask if shards is None else decay_mask(shards.like),
+        mask=on_shards(decay_mask_of(cfg, decay_mask)),
       )
     )
+  elif name == "muon":
+    if shards is not None:
+      raise ValueError(
+        "config.optimizer.name=muon orthogonalises whole matrices, not FSDP shards"
+      )
+    parts.append(muon(cfg, lr, decay_mask_of(cfg, decay_mask)))
   else:
     raise ValueError(
       f"unknown optimizer {name!r} (config.optimizer.name); valid: "

@@ -177,6 +177,35 @@ def _bound(tile: int) -> float:
   return float(2.0 ** (120 - math.ceil(math.log2(tile))))
 
 
+def _decayed(mask, params):
+  """Per leaf of ``params``, whether weight decay reaches it (``mask``: see :func:`demo`).
+
+  ``params=None`` only checks a fixed ``mask``'s leaves.
+
+  Raises:
+    ValueError: a mask leaf that is not a bool, or a mask that is neither
+      the params' structure nor a prefix of it.
+  """
+  if mask is None:
+    return jax.tree.map(lambda _: True, params)
+  for m in jax.tree.leaves(mask):
+    if not isinstance(m, (bool, np.bool_)):
+      raise ValueError(
+        f"mask must be a tree of Python bools (or a callable returning one), "
+        f"got a leaf {m!r}"
+      )
+  if params is None:
+    return None
+  try:
+    return jax.tree.map(
+      lambda m, sub: jax.tree.map(lambda _: bool(m), sub), mask, params
+    )
+  except ValueError as e:
+    raise ValueError(
+      f"mask must have the params' tree structure or a prefix of it: {e}"
+    ) from e
+
+
 def demo(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -184,6 +213,7 @@ def demo(
   chunk: int = 64,
   topk: int = 32,
   weight_decay: float = 0.0,
+  mask=None,
   axis_name: exchange.AxisName = None,
 ) -> optax.GradientTransformation:
   r"""DeMo: sign steps along the gathered top-k DCT components of each worker's momentum.
@@ -246,7 +276,11 @@ def demo(
     than two dimensions and scalars, which the reference does not handle, are
     flattened to a matrix and a vector as above (a choice of ours).
   * *Weight decay.* Decoupled, applied before the step,
-    :math:`p \leftarrow p(1 - \eta\lambda)`, as the reference.
+    :math:`p \leftarrow p(1 - \eta\lambda)`, as the reference, on every
+    leaf; ``mask`` (``optax.adamw``'s convention) limits it to some, e.g.
+    AdamW's usual matrices-and-embeddings rule, so a comparison with AdamW
+    decays the same leaves (a choice of ours: the paper's configs use no
+    decay).
   * *Precision.* The momentum and the transforms are float32 whatever the
     params' dtype (the reference keeps them in the params' dtype); the
     updates are cast to each param's dtype.
@@ -262,6 +296,10 @@ def demo(
     chunk: the side of a tile (the length of a vector's chunk), >= 1.
     topk: coefficients sent per tile, >= 1 (clamped to the tile's size).
     weight_decay: decoupled weight decay :math:`\lambda`, >= 0.
+    mask: which leaves weight decay reaches, as ``optax.adamw``'s ``mask``:
+      a tree of Python bools with the params' structure (or a prefix of
+      it), or a callable returning one from the params; ``True`` decays the
+      leaf. ``None`` (the default): every leaf.
     axis_name: the mapped axis of the workers (``shard_map`` or ``pmap``), or
       ``None`` for one worker.
 
@@ -323,6 +361,8 @@ def demo(
   ):
     raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
   weight_decay = float(weight_decay)
+  if mask is not None and not callable(mask):
+    _decayed(mask, None)  # A fixed tree is checked now, a callable's at update.
 
   def init_fn(params):
     delta = jax.tree.map(lambda p: jnp.zeros_like(p, jnp.float32), params)
@@ -344,9 +384,11 @@ def demo(
     mean = sums / jnp.maximum(counts, 1.0) * n
     return mean.reshape(tiles, tile)
 
-  def leaf(g, delta, p, lr):
+  def leaf(g, delta, p, lr, decayed):
     shape = jnp.shape(p)
-    decay = -(lr * weight_decay) * p.astype(jnp.float32) if weight_decay else 0.0
+    decay = 0.0
+    if weight_decay and decayed:
+      decay = -(lr * weight_decay) * p.astype(jnp.float32)
     if math.prod(shape) == 0:
       return jnp.zeros(shape, p.dtype), delta
     h, w = tile_shape(shape, chunk)
@@ -370,8 +412,9 @@ def demo(
       raise ValueError("demo's update needs params (for the weight decay and the step)")
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
     lr = jnp.asarray(lr, jnp.float32)
+    decayed = _decayed(mask(params) if callable(mask) else mask, params)
     pairs = jax.tree.map(
-      lambda g, d, p: leaf(g, d, p, lr), updates, state.delta, params
+      lambda g, d, p, m: leaf(g, d, p, lr, m), updates, state.delta, params, decayed
     )
     outer = jax.tree.structure(updates)
     new_updates, delta = jax.tree.transpose(outer, jax.tree.structure((0, 0)), pairs)

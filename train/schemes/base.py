@@ -176,8 +176,13 @@ class Scheme:
     return int(math.ceil(config.num_epochs * per_epoch))
 
   def local_optimizer(self, total_steps: int) -> list[optax.GradientTransformation]:
-    """The chain after the exchange (``config.optimizer``)."""
-    return optimizer_lib.local_optimizer(self.config.optimizer, total_steps)
+    """The chain after the exchange (``config.optimizer``).
+
+    It clips unless the workers clipped before the compressor
+    (``config.optimizer.clip_scope="worker"``, synchronous training).
+    """
+    clip = not optimizer_lib.clips_before_exchange(self.config, self.name)
+    return optimizer_lib.local_optimizer(self.config.optimizer, total_steps, clip=clip)
 
   def wrap(self, local, fused, codec) -> optax.GradientTransformation:
     """The scheme's transformation around the ``local`` optimizer chain.
@@ -369,6 +374,8 @@ def build_optimizer(
   fused = inner if plan is None else gradcomp.layerfusion(inner, plan)
   # config.compressor.warmup_steps: the dense mean first (outside the plan).
   fused = optimizer_lib.warmed(config, fused, spec.exchange_axis)
+  # config.optimizer.clip_scope="worker": each worker clips before the exchange.
+  fused = optimizer_lib.worker_clipped(config, fused)
   if mask is not None:
     fused = optax.masked(fused, mask)
   if scheme.factory is None:  # Synchronous: the compressor, then the optimizer.
