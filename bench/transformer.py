@@ -18,7 +18,9 @@ hyper-parameter is tuned per method):
 * ``dense``: synchronous data parallelism, the fp32 all-reduce every step;
 * ``topk``: top-k 1 % with error feedback over one fused buffer
   (``fusion.plan="single"``: a global top-k, one all-gather per step);
-* ``powersgd``: rank 4, plan ``single``; ``ef_signsgd``: the scaled sign
+* ``powersgd``: rank 4 per 2-D leaf, 1-D leaves dense (:data:`POWERSGD`),
+  plan ``single``, which LayerFusion runs in its per-leaf form (each leaf its
+  own factors, one fused exchange); ``ef_signsgd``: the scaled sign
   with error feedback; ``qsgd``: its default levels; both plan ``single``;
 * ``diloco``: DiLoCo (Douillard et al. 2023, Alg. 1): AdamW inner steps,
   every :data:`DILOCO_EVERY` = 32 steps the dense mean pseudo-gradient
@@ -154,6 +156,12 @@ class Method:
 
 
 _TOPK = {"ratio": TOPK_RATIO}
+#: PowerSGD as Vogels et al. 2019 run it: rank 4 per 2-D leaf, 1-D leaves
+#: (biases, LayerNorm) sent dense. Under ``fusion.plan="single"`` LayerFusion
+#: runs its per-leaf form (``gradcomp.compressors.scopes.per_leaf_form``):
+#: the per-leaf algorithm at the fused program's two all-reduces per step,
+#: where ``"layerwise"`` sends two per leaf (docs/layerfusion.md).
+POWERSGD = {"rank": 4, "vectors": "dense"}
 _DILOCO = {"name": "local_sgd", "every": DILOCO_EVERY, **OUTER}
 _SYNC = {"name": "none"}
 
@@ -180,7 +188,16 @@ METHODS: dict[str, Method] = {
   for m in (
     Method("dense", _SYNC, why="fp32 all-reduce every step"),
     Method("topk", _SYNC, "topk", _TOPK, "single", why="global top-k 1 %, EF"),
-    Method("powersgd", _SYNC, "powersgd", {"rank": 4}, "single", why="rank 4"),
+    Method(
+      "powersgd",
+      _SYNC,
+      "powersgd",
+      POWERSGD,
+      "single",
+      why="rank 4 per leaf, as published: one group, each 2-D leaf its own P, Q "
+      "(layerfusion's per-leaf form: equal shapes batched, one all-reduce of all "
+      "P's and one of all Q's), 1-D leaves dense",
+    ),
     Method("ef_signsgd", _SYNC, "ef_signsgd", plan="single", why="scaled sign, EF"),
     Method("qsgd", _SYNC, "qsgd", plan="single", why="default levels"),
     Method("diloco", _DILOCO, why="dense mean pseudo-gradient, outer Nesterov"),
@@ -353,13 +370,13 @@ def reprice(inputs: Mapping[str, Any], config, cluster_, steps: int) -> np.ndarr
   if "topology" in inputs:
     return gossip.reprice(inputs, cluster_, steps)
   flops = inputs["flops_per_step"]
-  if "phase_wire" in inputs:  # 1-bit / 0/1 Adam: dense, 1-bit or no rounds.
+  if "phase_wire" in inputs:  # Rounds that change by phase.
     from train import pricing
 
-    d = inputs["phase_wire"]["dense"]["all-reduce"] // 4
-    rounds = pricing.self_exchange_rounds(d, cluster_.workers)
-    kinds, _ = optimizer.self_exchange_rounds(config.optimizer, steps)
-    return pricing.simulate_kinds(cluster_, flops, kinds, rounds)
+    kinds, _ = optimizer.exchange_phases(config, steps)
+    return pricing.simulate_kinds(
+      cluster_, flops, kinds, _phase_rounds(inputs, config, cluster_.workers)
+    )
   if "full_wire" in inputs:
     return gradcomp.sim.simulate_delayed(
       cluster_,
@@ -392,6 +409,35 @@ def reprice(inputs: Mapping[str, Any], config, cluster_, steps: int) -> np.ndarr
 
 #: gpt_tiny's vocabulary: bytes.
 BYTE_VOCABULARY = 256
+
+
+def _phase_rounds(
+  inputs: Mapping[str, Any], config, workers: int
+) -> dict[str, dict[str, int]]:
+  """``{kind: {collective: bytes}}`` of a run's phases, on ``workers`` workers.
+
+  The phases of ``train.optimizer.exchange_phases``: ``"dense"`` (the
+  float32 all-reduce of the ``d`` parameters: a warm-up, a freeze step, 0/1
+  Adam's variance steps), ``"onebit"`` (1-bit and 0/1 Adam's two-stage 1-bit
+  all-reduce, whose chunks depend on ``workers``: ``train.pricing.
+  self_exchange_rounds`` on ``d``), ``"none"`` (0/1 Adam's local steps) and
+  ``"compressed"`` (the codec's exchange after ``compressor.warmup_steps`` or
+  ``compressed_adam``'s freeze: the logged round, a reduce-scatter form's
+  traced again for ``workers`` by :func:`_round_wire`).
+  """
+  from train import pricing
+
+  logged = inputs["phase_wire"]
+  rounds = {kind: dict(wire) for kind, wire in logged.items()}
+  if "onebit" in rounds:
+    d = logged["dense"]["all-reduce"] // 4
+    rounds["onebit"] = pricing.self_exchange_rounds(d, workers)["onebit"]
+  if "compressed" in rounds:
+    rounds["compressed"] = _round_wire(
+      {"round_wire": logged["compressed"]}, config, workers
+    )
+  rounds.setdefault("none", {})
+  return rounds
 
 
 def _round_wire(inputs: Mapping[str, Any], config, workers: int) -> dict[str, int]:
@@ -599,6 +645,51 @@ def finished_run(config, workdir: Path, steps: int) -> dict[str, Any] | None:
   }
 
 
+def one_run(
+  config, workdir: Path, eval_steps: Sequence[int], priced_on, *, reuse: bool
+) -> dict[str, Any]:
+  """One training run of ``config`` in ``workdir``, as the suites record it.
+
+  Trains it (``schemes._train``: a run stopped by non-finite steps keeps
+  what it logged, with ``stopped``), or with ``reuse`` reads back a run
+  already finished there (:func:`finished_run`).
+
+  Returns:
+    ``workdir``, ``run_seconds``, ``wire_bytes_per_step`` (``stopped``,
+    ``reused`` when so), ``seed``, ``curve`` (:func:`_curve` at
+    ``eval_steps``), ``tokens_per_sec``, ``clock`` (:func:`reprice` on
+    ``priced_on``, after each step ``0 .. steps``), ``program_clock`` (on the
+    program's own cluster, at ``eval_steps``) and ``sim_inputs`` (the run's
+    ``sim.json``).
+  """
+  from train import pricing
+
+  steps = config.num_train_steps
+  r = (reuse and finished_run(config, workdir, steps)) or schemes._train(
+    config, workdir
+  )
+  rows = r.pop("rows")
+  r.pop("final", None)
+  r["seed"] = config.seed
+  r["curve"] = _curve(rows, eval_steps)
+  r["tokens_per_sec"] = tokens_per_sec(rows)
+  sim = schemes.priced_inputs(workdir)
+  r["clock"] = reprice(sim, config, priced_on, steps).tolist()
+  program = reprice(sim, config, pricing.cluster_of(config, WORKERS), steps)
+  r["program_clock"] = program[list(eval_steps)].tolist()
+  r["sim_inputs"] = sim
+  return r
+
+
+def run_line(r: Mapping[str, Any]) -> str:
+  """A log line of :func:`one_run`'s record."""
+  stop = f" (stopped: {r['stopped'][:60]}...)" if r.get("stopped") else ""
+  return (
+    f"bpb {r['curve']['bpb'][-1]:.4f}, {r['wire_bytes_per_step'] or 0:,.0f} B/step, "
+    f"{r['tokens_per_sec']:,.0f} tokens/s, {r['run_seconds']:.1f} s{stop}"
+  )
+
+
 def run(
   methods: Sequence[Method] | None = None,
   seeds: int = 3,
@@ -632,7 +723,6 @@ def run(
   """
   import gradcomp
   from bench.compress import machine_info
-  from train import pricing
 
   if methods is None:
     methods = [METHODS[m] for m in DEFAULT_METHODS]
@@ -668,28 +758,12 @@ def run(
       )
       batch, context = config.global_batch_size, config.dataset.context
       workdir = runs_dir / m.label / f"seed{seed}"
-      r = (reuse and finished_run(config, workdir, steps)) or schemes._train(
-        config, workdir
-      )
-      rows = r.pop("rows")
-      r.pop("final", None)
-      r["seed"] = seed
-      r["curve"] = _curve(rows, eval_steps)
-      r["tokens_per_sec"] = tokens_per_sec(rows)
-      sim = schemes.priced_inputs(workdir)
-      inputs.setdefault(m.label, sim)
-      r["clock"] = reprice(sim, config, priced_on, steps).tolist()
-      program = reprice(sim, config, pricing.cluster_of(config, WORKERS), steps)
-      r["program_clock"] = program[eval_steps].tolist()
+      r = one_run(config, workdir, eval_steps, priced_on, reuse=reuse)
+      inputs.setdefault(m.label, r.pop("sim_inputs"))
       if unigram is None:
         unigram, description = unigram_baseline(workdir)
       per_method[m.label].append(r)
-      stop = f" (stopped: {r['stopped'][:60]}...)" if r.get("stopped") else ""
-      _log(
-        f"{m.label} seed {seed}: bpb {r['curve']['bpb'][-1]:.4f}, "
-        f"{r['wire_bytes_per_step']:,.0f} B/step, "
-        f"{r['tokens_per_sec']:,.0f} tokens/s, {r['run_seconds']:.1f} s{stop}"
-      )
+      _log(f"{m.label} seed {seed}: {run_line(r)}")
   if target_bpb is None:
     finals = [r["curve"]["bpb"][-1] for r in per_method[BASELINE]]
     target_bpb = float(np.mean(finals)) + TARGET_MARGIN
@@ -757,7 +831,10 @@ def _fields(method: Mapping[str, Any]) -> str:
     for k, v in method["scheme"].items()
   ]
   parts.append(f"compressor.name={method['compressor']}")
-  parts += [f"compressor.{k}={v:g}" for k, v in method["hyperparameters"].items()]
+  parts += [
+    f"compressor.{k}={v:g}" if isinstance(v, float) else f"compressor.{k}={v}"
+    for k, v in method["hyperparameters"].items()
+  ]
   parts.append(f"fusion.plan={method['plan']}")
   parts += [f"optimizer.{k}={v}" for k, v in method.get("optimizer", {}).items()]
   return ", ".join(parts)

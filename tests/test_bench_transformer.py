@@ -32,8 +32,18 @@ def test_time_to_target_interpolates_the_first_crossing():
   assert step == 12.5 and seconds == pytest.approx((144 + 169) / 2)
 
 
+#: Top-k after a dense warm-up of half the tiny run: priced by phase.
+WARM_TOPK = transformer.Method(
+  "topk_warm",
+  {"name": "none"},
+  "topk",
+  {"ratio": transformer.TOPK_RATIO, "warmup_steps": STEPS // 2},
+  "single",
+)
+
+
 def test_tiny_run_writes_every_method_and_topk_sends_less(tmp_path, monkeypatch):
-  methods = [transformer.METHODS["dense"], transformer.METHODS["topk"]]
+  methods = [transformer.METHODS["dense"], transformer.METHODS["topk"], WARM_TOPK]
   result = transformer.run(
     methods=methods,
     seeds=1,
@@ -45,7 +55,7 @@ def test_tiny_run_writes_every_method_and_topk_sends_less(tmp_path, monkeypatch)
   saved = json.loads((tmp_path / "transformer.json").read_text())
   assert saved["suite"] == "transformer" and saved["steps"] == STEPS
   assert saved["overrides"] == TINY
-  assert set(saved["results"]) == {"dense", "topk"}
+  assert set(saved["results"]) == {"dense", "topk", "topk_warm"}
   assert 3.0 < saved["unigram_bits_per_byte"] < 8.0
   dense = saved["results"]["dense"]["summary"]
   assert saved["target_rule"].startswith("dense's mean final bpb")
@@ -62,6 +72,12 @@ def test_tiny_run_writes_every_method_and_topk_sends_less(tmp_path, monkeypatch)
   assert topk["wire_bytes_per_step"] < dense["wire_bytes_per_step"]
   assert topk["bytes_ratio_to_dense"] < 0.05
   assert dense["bytes_ratio_to_dense"] == 1.0
+  # Half the steps dense, half top-k's: the mean of the two, to the 16 bytes
+  # a step's own metrics add to either (counted once by each).
+  warm = saved["results"]["topk_warm"]["summary"]
+  half = (dense["wire_bytes_per_step"] + topk["wire_bytes_per_step"]) / 2
+  assert abs(warm["wire_bytes_per_step"] - half) <= 16
+  assert set(warm["sim_inputs"]["phase_wire"]) == {"dense", "compressed"}
   table = (tmp_path / "transformer.md").read_text()
   for label in ("dense", "topk"):
     assert f"| {label} |" in table
@@ -86,6 +102,104 @@ def test_tiny_run_writes_every_method_and_topk_sends_less(tmp_path, monkeypatch)
   for label in ("dense", "topk"):
     (run,) = again["results"][label]["runs"]
     assert run["reused"] and run["curve"] == saved["results"][label]["runs"][0]["curve"]
+
+
+def _phase_clock(method, steps, inputs, cluster):
+  config = transformer.configure(method, seed=0, steps=steps, eval_every=steps)
+  return transformer.reprice(inputs, config, cluster, steps)
+
+
+@pytest.mark.parametrize(
+  "method, dense_steps",
+  [
+    (WARM_TOPK, STEPS // 2),
+    (
+      transformer.Method(
+        "compressed_adam",
+        {"name": "none"},
+        "topk",
+        {"ratio": 0.01},
+        "single",
+        optimizer={"name": "compressed_adam", "freeze_step": 3},
+      ),
+      3,
+    ),
+  ],
+)
+def test_phases_are_re_priced_dense_then_compressed(method, dense_steps):
+  """A warm-up's or a freeze's steps cost a dense step's time, the rest the
+  codec's: each step of the re-priced clock equals the matching step of a
+  run that sent that phase's wire every step (``simulate_rounds`` alone)."""
+  import gradcomp
+
+  steps, d = 8, 445_952
+  dense, compressed = {"all-reduce": 4 * d}, {"all-gather": 35_672}
+  inputs = {
+    "flops_per_step": 2e9,
+    "round_wire": compressed,
+    "phase_wire": {"dense": dense, "compressed": compressed},
+  }
+  cluster = gradcomp.sim.Cluster(16, bandwidth_gbps=10.0)
+  seconds = _phase_clock(method, steps, inputs, cluster)
+  clock = np.diff(seconds)
+  each = {
+    kind: np.diff(
+      gradcomp.sim.simulate_rounds(cluster, 2e9, lambda s: True, wire, steps)
+    )
+    for kind, wire in (("dense", dense), ("compressed", compressed))
+  }
+  # A difference of two running sums: one rounding of each, at most the
+  # clock's final value times float64's epsilon, twice.
+  tol = 2 * np.finfo(np.float64).eps * seconds[-1]
+  np.testing.assert_allclose(
+    clock[:dense_steps], each["dense"][:dense_steps], rtol=0, atol=tol
+  )
+  np.testing.assert_allclose(
+    clock[dense_steps:], each["compressed"][dense_steps:], rtol=0, atol=tol
+  )
+  assert each["dense"][0] > 2 * each["compressed"][0]  # The phases differ.
+
+
+def test_onebit_phases_are_re_priced_on_the_cluster_s_workers():
+  """1-bit Adam's compressed rounds are the 1-bit all-reduce's on 16 workers
+  (chunks of d / 16), not the 8-worker run's logged ones."""
+  import gradcomp
+  from gradcomp.compressors import scatter
+
+  steps, d = 6, 445_952
+  logged = {"dense": {"all-reduce": 4 * d}, "onebit": scatter.onebit_wire(d, 8)}
+  inputs = {"flops_per_step": 2e9, "round_wire": logged["onebit"], "phase_wire": logged}
+  cluster = gradcomp.sim.Cluster(16, bandwidth_gbps=10.0)
+  method = transformer.ADAPTIVE["onebit_adam"]
+  config = transformer.configure(method, seed=0, steps=steps, eval_every=steps)
+  config.optimizer.freeze_step = 2
+  seconds = transformer.reprice(inputs, config, cluster, steps)
+  wire16 = scatter.onebit_wire(d, 16)
+  assert wire16 != logged["onebit"]
+  expected = np.diff(
+    gradcomp.sim.simulate_rounds(cluster, 2e9, lambda s: True, wire16, steps)
+  )
+  tol = 2 * np.finfo(np.float64).eps * seconds[-1]  # As above.
+  np.testing.assert_allclose(np.diff(seconds)[2:], expected[2:], rtol=0, atol=tol)
+
+
+def test_powersgd_is_per_leaf_and_sends_vectors_dense():
+  """The suite's PowerSGD: LayerFusion's per-leaf form on one group (each
+  2-D leaf its own factors), 1-D leaves dense."""
+  import gradcomp
+  from gradcomp.compressors import scopes
+  from train import optimizer
+
+  m = transformer.METHODS["powersgd"]
+  config = transformer.configure(m, seed=0, steps=600, eval_every=100)
+  assert config.fusion.plan == "single"
+  inner = optimizer.compressor(config.compressor, None)
+  assert scopes.per_leaf_form(inner) is not None  # Fusion keeps it per leaf.
+  g = {"v": np.array([1.0, -2.0, 3.0], np.float32), "w": np.ones((4, 3), np.float32)}
+  tx = gradcomp.layerfusion(inner, config.fusion.plan)
+  out, _ = tx.update(g, tx.init(g))
+  np.testing.assert_array_equal(out["v"], g["v"])  # Dense: sent as it is.
+  np.testing.assert_allclose(out["w"], g["w"], rtol=1e-6)  # Rank 1 <= 4: exact.
 
 
 def test_a_scatter_form_is_re_priced_on_the_cluster_s_workers():
