@@ -82,9 +82,11 @@ def np_top(c, topk):
   return mask
 
 
-def reference(grads, params, steps):
+def reference(grads, params, steps, decayed=None):
   """Per step: updates (replicated), every worker's delta, and its largest
-  magnitude before the subtraction (the error scale), float64."""
+  magnitude before the subtraction (the error scale), float64. ``decayed``:
+  the leaves weight decay reaches (``None``: all)."""
+  decayed = decayed or dict.fromkeys(SHAPES, True)
   delta = [{k: np.zeros(s) for k, s in SHAPES.items()} for _ in range(WORKERS)]
   params = {k: np.asarray(v, np.float64) for k, v in params.items()}
   all_updates, all_deltas, all_scales = [], [], []
@@ -102,7 +104,8 @@ def reference(grads, params, steps):
         sums, senders = sums + np.where(mask, c, 0.0), senders + mask
       mean = np.where(senders > 0, sums / np.maximum(senders, 1), 0.0)
       decoded = np_idct(mean, shape, CHUNK)
-      updates[name] = -lr * WD * params[name] - lr * np.sign(decoded)
+      decay = -lr * WD * params[name] if decayed[name] else 0.0
+      updates[name] = decay - lr * np.sign(decoded)
       params[name] = params[name] + updates[name]
     all_updates.append(updates)
     all_deltas.append([dict(d) for d in delta])
@@ -127,9 +130,15 @@ def _inputs(seed=0):
   return grads, params
 
 
-def _tx():
+def _tx(mask=None):
   return demo(
-    lr_schedule, beta=BETA, chunk=CHUNK, topk=TOPK, weight_decay=WD, axis_name=AXIS
+    lr_schedule,
+    beta=BETA,
+    chunk=CHUNK,
+    topk=TOPK,
+    weight_decay=WD,
+    mask=mask,
+    axis_name=AXIS,
   )
 
 
@@ -158,16 +167,19 @@ def _steps(tx):
   )
 
 
-@pytest.fixture(scope="module")
-def run():
+def _run(tx):
   grads, params = _inputs()
-  tx = _tx()
   sharded = NamedSharding(_mesh(), P(AXIS))
   state = jax.device_put(gradcomp.add_worker_axis(tx.init(params), WORKERS), sharded)
   stacked = jax.device_put(gradcomp.add_worker_axis(params, WORKERS), sharded)
   grads_on = jax.device_put(grads, NamedSharding(_mesh(), P(None, AXIS)))
   updates, deltas = jax.device_get(_steps(tx)(grads_on, state, stacked))
   return grads, params, updates, deltas
+
+
+@pytest.fixture(scope="module")
+def run():
+  return _run(_tx())
 
 
 def test_chunked_dct_is_scipys_orthonormal_dct_per_chunk_and_tile():
@@ -379,3 +391,85 @@ def test_apply_if_finite_skips_a_nan_step():
   assert np.asarray(updates["w"]).tolist() == [0.0] * 4
   np.testing.assert_array_equal(state.inner_state.delta["w"], delta)
   assert int(state.notfinite_count) == 1 and int(state.inner_state.count) == 1
+
+
+# The weight-decay mask (optax.adamw's convention): AdamW's rule, matrices
+# decayed and vectors not, as the transformer study compares DeMo with AdamW.
+MASK = {k: len(s) >= 2 for k, s in SHAPES.items()}
+
+
+def test_mask_matches_the_reference_with_decay_on_the_masked_leaves_only():
+  """4 workers, 5 steps, the callable form of the mask (the program's
+  ``decay_mask``): the reference with decay on "mat" and "conv" only, at the
+  same tolerances as the unmasked comparison."""
+  grads, params, updates, deltas = _run(
+    _tx(mask=lambda p: jax.tree.map(lambda x: np.ndim(x) >= 2, p))
+  )
+  want_updates, want_deltas, scales = reference(grads, params, STEPS, MASK)
+  unmasked, _, _ = reference(grads, params, STEPS)
+  for t in range(STEPS):
+    for name in SHAPES:
+      for w in range(WORKERS):
+        np.testing.assert_allclose(
+          updates[name][t, w], want_updates[t][name], rtol=1e-5, atol=1e-7
+        )
+        np.testing.assert_allclose(
+          deltas[name][t, w],
+          want_deltas[t][w][name],
+          rtol=0,
+          atol=5e-5 * scales[t][w][name],
+        )
+  # The masked leaves did lose their decay (the test can tell).
+  assert not np.allclose(want_updates[-1]["vec"], unmasked[-1]["vec"], rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+  "mask",
+  [MASK, {"vec": False, "mat": True, "conv": True, "bias": False, "scalar": False}],
+  ids=["tree", "same"],
+)
+def test_masked_leaves_keep_their_params_under_a_zero_gradient(mask):
+  """Closed form: a zero gradient leaves the momentum 0 and the decoded
+  direction 0 (sign 0), so each step is the decay alone: a decayed leaf is
+  ``p_0 prod_s (1 - lr_s wd)`` after the steps, a masked one stays ``p_0``."""
+  _, params = _inputs()
+  params = {k: jnp.asarray(v) for k, v in params.items()}
+  tx = demo(lr_schedule, chunk=CHUNK, topk=TOPK, weight_decay=WD, mask=mask)
+  update = jax.jit(tx.update)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  state, p = tx.init(params), params
+  for _ in range(STEPS):
+    updates, state = update(zeros, state, p)
+    p = optax.apply_updates(p, updates)
+  factor = np.prod([1 - lr_schedule(t) * WD for t in range(STEPS)])
+  for name in SHAPES:
+    p0 = np.asarray(params[name], np.float64)
+    want = p0 * factor if mask[name] else p0
+    # Each step rounds lr * wd * p and p + update: a few u of |p| per step.
+    atol = 4 * STEPS * np.finfo(np.float32).eps * np.abs(p0).max()
+    np.testing.assert_allclose(np.asarray(p[name]), want, rtol=0, atol=atol)
+    if not mask[name]:
+      np.testing.assert_array_equal(np.asarray(p[name]), np.asarray(params[name]))
+
+
+def test_a_mask_prefix_decays_whole_subtrees():
+  params = {"a": {"w": jnp.ones((4, 4)), "b": jnp.ones(4)}, "c": jnp.ones(4)}
+  tx = demo(0.1, chunk=4, topk=1, weight_decay=0.5, mask={"a": False, "c": True})
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = jax.jit(tx.update)(zeros, tx.init(params), params)
+  assert not np.any(updates["a"]["w"]) and not np.any(updates["a"]["b"])
+  np.testing.assert_allclose(updates["c"], -0.05, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+  ("mask", "message"),
+  [
+    ({"w": 1}, r"mask must be a tree of Python bools .*got a leaf 1"),
+    (lambda p: {"w": True, "x": True}, "mask must have the params' tree structure"),
+  ],
+)
+def test_a_bad_mask_is_named(mask, message):
+  params = {"w": jnp.ones(4)}
+  with pytest.raises(ValueError, match=message):
+    tx = demo(0.1, weight_decay=0.1, mask=mask)
+    tx.update(params, tx.init(params), params)

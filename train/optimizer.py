@@ -506,9 +506,9 @@ def muon(cfg, learning_rate, mask) -> optax.GradientTransformation:
   unset: 0.95, the paper's and optax's) orthogonalised by five
   Newton-Schulz steps for each 2-D leaf, scaled by
   ``sqrt(max(1, fan_out / fan_in))``; every other leaf (biases, norms,
-  leaves of rank 3 and more) steps with optax's AdamW fallback, at the same
-  learning rate, ``b1``, ``b2`` and ``eps`` from ``cfg``: as
-  ``optax.contrib.muon`` does it. Weight decay ``cfg.weight_decay`` on the
+  leaves of rank 3 and more) steps with optax's fallback, AdamW with
+  Nesterov momentum, at the same learning rate, ``b1``, ``b2`` and ``eps``
+  from ``cfg``: as ``optax.contrib.muon`` does it. Weight decay ``cfg.weight_decay`` on the
   2-D leaves ``mask`` decays (``None``: all of them); the AdamW fallback
   takes no mask, so it decays its leaves only when ``mask`` is ``None``
   (with :func:`decay_mask` its leaves of rank 1 are undecayed, as AdamW's
@@ -519,13 +519,9 @@ def muon(cfg, learning_rate, mask) -> optax.GradientTransformation:
   Raises:
     ValueError: ``cfg.beta`` outside [0, 1).
   """
-  beta = cfg.get("beta")
-  beta = 0.95 if beta is None else beta
-  if not 0.0 <= beta < 1.0:
-    raise ValueError(f"config.optimizer.beta (muon) must be in [0, 1), got {beta}")
   return optax.contrib.muon(
     learning_rate,
-    beta=beta,
+    beta=_muon_beta(cfg),
     eps=cfg.get("eps", 1e-8),
     weight_decay=cfg.weight_decay,
     weight_decay_mask=mask,
@@ -533,6 +529,15 @@ def muon(cfg, learning_rate, mask) -> optax.GradientTransformation:
     adam_b2=cfg.get("b2", 0.999),
     adam_weight_decay=cfg.weight_decay if mask is None else 0.0,
   )
+
+
+def _muon_beta(cfg) -> float:
+  """Muon's momentum ``cfg.beta`` (unset: 0.95); raises ``ValueError`` outside [0, 1)."""
+  beta = cfg.get("beta")
+  beta = 0.95 if beta is None else beta
+  if not 0.0 <= beta < 1.0:
+    raise ValueError(f"config.optimizer.beta (muon) must be in [0, 1), got {beta}")
+  return beta
 
 
 def _clipping(cfg, shards=None) -> list[optax.GradientTransformation]:
@@ -573,6 +578,8 @@ def check_self_exchanging(config, scheme: str) -> None:
   check_clip_scope(config, scheme)
   cfg = config.optimizer
   decay_mask_of(cfg, None)
+  if cfg.get("name") == "muon":
+    _muon_beta(cfg)
   if cfg.get("name") == "muon" and config.get("mesh") is not None:
     if mesh_spec(config).fsdp is not None:
       raise ValueError(
