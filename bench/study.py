@@ -578,7 +578,8 @@ def recommend(size: Mapping[str, Any]) -> dict[str, Any]:
         if m["family"] != family or s is None or bar is None:
           continue
         t = m["bandwidth"][key]
-        if s["final_bpb"]["mean"] > bar or t["reached"] < t["seeds"] or not t["seeds"]:
+        keeps = s["final_bpb"]["mean"] <= bar  # False for NaN: a stopped seed.
+        if not keeps or t["reached"] < t["seeds"] or not t["seeds"]:
           continue
         if best is None or t["to_target"] < best[1]:
           best = (label, t["to_target"])

@@ -1,0 +1,354 @@
+"""The transformer study's protocol: grids, the choice on seed 0, the picks per
+link speed and the page rendered from its JSON, on synthetic results (no
+training), then one tiny run end to end."""
+
+import argparse
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import study, study_page, transformer, workloads
+
+LR, OUTER = "optimizer.learning_rate", "scheme.outer_learning_rate"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "compressing_a_transformer.md"
+
+
+def _grid(*rows):
+  """``(rate, final_bpb, stopped)`` rows, the usual point first."""
+  return [
+    {"key": f"lr{r:g}", "point": {LR: r}, "final_bpb": b, "stopped": s}
+    for r, b, s in rows
+  ]
+
+
+def test_the_lowest_final_bpb_is_chosen():
+  grid = _grid((3e-3, 2.10, None), (1.5e-3, 2.30, None), (6e-3, 2.05, None))
+  choice = study.choose(grid)
+  assert choice["key"] == "lr0.006" and choice["final_bpb"] == 2.05
+  assert choice["edge"] and choice["tied"] == []  # The largest rate: an edge.
+  grid[0]["final_bpb"] = 2.0
+  assert study.choose(grid)["key"] == "lr0.003" and not study.choose(grid)["edge"]
+
+
+def test_a_tie_goes_to_the_usual_point_then_to_the_lower_rate():
+  within = study.TIE_BPB / 2
+  grid = _grid((3e-3, 2.0 + within, None), (1.5e-3, 2.5, None), (6e-3, 2.0, None))
+  choice = study.choose(grid)
+  assert choice["key"] == "lr0.003" and choice["tied"] == ["lr0.006"]
+  # Two tied points as far from the usual one (x2 and /2): the lower rate.
+  grid = _grid((3e-3, 2.5, None), (1.5e-3, 2.0, None), (6e-3, 2.0, None))
+  assert study.choose(grid)["key"] == "lr0.0015"
+  # Beyond the tie width the lower bpb wins, however far from the usual point.
+  grid = _grid((3e-3, 2.0 + 2 * study.TIE_BPB, None), (6e-3, 2.0, None))
+  assert study.choose(grid)["key"] == "lr0.006"
+
+
+@pytest.mark.parametrize(
+  "bad", [(1e-2, 1.0, "non-finite steps"), (1e-2, math.nan, None), (1e-2, None, None)]
+)
+def test_a_failed_or_non_finite_run_is_never_chosen(bad):
+  grid = _grid((3e-3, 2.1, None), (1.5e-3, 2.2, None), bad)
+  assert study.choose(grid)["key"] == "lr0.003"
+  grid = _grid((3e-3, math.inf, None), bad)
+  assert study.choose(grid) is None  # Nothing to keep: no seeds are run.
+
+
+def test_a_periodic_grid_is_a_cross_and_an_outer_edge_is_flagged():
+  entry = study.ENTRIES["diloco"]
+  points = study.grid_points(entry)
+  assert points[0] == {LR: 3e-3, OUTER: 0.7}  # The usual point first.
+  assert len(points) == len(entry.rates) + len(entry.outer_rates) - 1
+  assert {p[LR] for p in points if p[OUTER] == 0.7} == set(entry.rates)
+  assert {p[OUTER] for p in points if p[LR] == 3e-3} == set(entry.outer_rates)
+  keys = [study.point_key(p) for p in points]
+  assert len(set(keys)) == len(keys)  # One workdir per point.
+  bpb = {0.5: 2.3, 0.7: 2.2, 1.0: 2.1}
+  grid = [
+    {
+      "key": k,
+      "point": p,
+      "final_bpb": bpb[p[OUTER]] + (p[LR] != 3e-3),
+      "stopped": None,
+    }
+    for k, p in zip(keys, points, strict=True)
+  ]
+  choice = study.choose(grid)
+  assert choice["point"] == {LR: 3e-3, OUTER: 1.0} and choice["edge"]
+
+
+def test_every_method_has_its_grid_the_protocol_and_its_warm_up():
+  for label, e in study.ENTRIES.items():
+    assert len(e.rates) >= 3 and list(e.rates) == sorted(e.rates), label
+    assert min(e.rates) < study._centre(e.rates) < max(e.rates), label
+    assert (e.family == "periodic") == bool(e.outer_rates), label
+    assert e.outer_rates == () or len(e.outer_rates) >= 3, label
+    for point in study.grid_points(e):
+      config = study._config(
+        e,
+        seed=0,
+        point=point,
+        windows=32,
+        steps=600,
+        eval_every=100,
+        protocol_fields=study.PROTOCOL_FIELDS,
+        overrides={},
+      )
+      assert config.optimizer.clip_scope == "worker", label
+      assert config.optimizer.mask_decay is True, label
+      assert config.global_batch_size == transformer.WORKERS * 32, label
+      assert config.optimizer.learning_rate == point[LR], label
+    compressor = e.method.compressor
+    name = e.method.optimizer.get("name")
+    if e.family == "every-step" and compressor != "none" and name is None:
+      assert e.method.hyperparameters["warmup_steps"] == study.DENSE_WARMUP, label
+    if name in ("onebit_adam", "compressed_adam"):
+      assert e.method.optimizer["freeze_step"] == study.FREEZE_STEP, label
+  assert set(study.FAMILIES) == {e.family for e in study.ENTRIES.values()}
+
+
+def test_the_program_has_the_protocol_fields():
+  present, missing = study.protocol_split(transformer.base_config())
+  assert present == study.PROTOCOL_FIELDS and missing == []
+  assert [x for x in study.ENTRIES if study.unavailable(study.ENTRIES[x])] == []
+
+
+STEPS, EVERY = 64, 32
+#: Synthetic seed curves at steps 32 and 64, bytes per step and round wire.
+#: top-k: 1 % worse than dense at 1/50 of the bytes; DiLoCo: faster still
+#: (at step 32) but ends 10 % worse (does not keep the model); SparseLoCo 1 %
+#: worse.
+SYNTHETIC = {
+  "dense": ([2.5, 2.00], 1_783_824, {"all-reduce": 1_783_824}),
+  "topk": ([2.5, 2.02], 35_688, {"all-gather": 35_672}),
+  "diloco": ([2.05, 2.20], 55_745, {"all-reduce": 1_783_808}),
+  "sparseloco": ([2.4, 2.02], 4_000, {"all-gather": 2_048}),
+}
+#: Each method's grid: its finals at seed 0, the usual point's first.
+GRID_BPB = {"dense": 0.0, "topk": 0.01, "diloco": 0.05, "sparseloco": 0.02}
+
+
+def _run(label, seed, point):
+  curve, wire, round_wire = SYNTHETIC[label]
+  bpb = [b + 0.004 * seed for b in curve]
+  clock = np.linspace(0.0, 1.0, STEPS + 1)
+  return {
+    "seed": seed,
+    "curve": {
+      "step": [EVERY, STEPS],
+      "bpb": bpb,
+      "program_sim_seconds": [0.5, 1.0],
+    },
+    "clock": clock.tolist(),
+    "program_clock": [0.5, 1.0],
+    "tokens_per_sec": 20_000.0,
+    "run_seconds": 300.0,
+    "wire_bytes_per_step": wire,
+    "sim_inputs": {"flops_per_step": 2.7e9, "round_wire": round_wire},
+    "point": point,
+  }
+
+
+def synthetic_result(stopped_seed=None):
+  """A study's JSON as ``study.run`` assembles it, from synthetic runs."""
+  methods = {}
+  for label in SYNTHETIC:
+    e = study.ENTRIES[label]
+    grid = []
+    for i, point in enumerate(study.grid_points(e)):
+      r = _run(label, 0, point)
+      r["curve"]["bpb"][-1] += 0.03 * i - GRID_BPB[label] * (i == 1)
+      grid.append(
+        {
+          "key": study.point_key(point),
+          "point": point,
+          "final_bpb": r["curve"]["bpb"][-1],
+          "stopped": None,
+          "run": r,
+        }
+      )
+    choice = study.choose(grid)
+    first = next(g["run"] for g in grid if g["key"] == choice["key"])
+    runs = [first] + [_run(label, s, choice["point"]) for s in (1, 2)]
+    if label == stopped_seed:
+      runs[2]["curve"]["bpb"][-1] = math.nan
+      runs[2]["stopped"] = "non-finite steps"
+    methods[label] = {
+      "family": e.family,
+      "title": e.title,
+      "method": dataclasses.asdict(e.method),
+      "rates": list(e.rates),
+      "outer_rates": list(e.outer_rates),
+      "rate_note": e.rate_note,
+      "grid": grid,
+      "choice": choice,
+      "runs": runs,
+    }
+  size = {"windows_per_worker": 8, "methods": methods}
+  size.update(global_batch_size=64, context=128)
+  study._summaries(
+    size,
+    study.ENTRIES,
+    steps=STEPS,
+    eval_every=EVERY,
+    overrides={},
+    protocol_fields=study.PROTOCOL_FIELDS,
+  )
+  return {
+    "suite": "study",
+    "steps": STEPS,
+    "eval_every": EVERY,
+    "overrides": {},
+    "protocol": study.protocol([8], 3),
+    "protocol_missing": [],
+    "skipped": {},
+    "machine": {"backend": "cpu", "cpu_count": 2},
+    "config": "configs/gpt_tiny.py",
+    "workers": 8,
+    "seeds": 3,
+    "unigram_bits_per_byte": 4.958,
+    "dataset": None,
+    "cluster": {"note": "16 synthetic workers"},
+    "command": study.command(list(SYNTHETIC), STEPS, [8], 3, {}),
+    "sizes": {"8": size},
+  }
+
+
+@pytest.fixture(scope="module")
+def result():
+  return json.loads(json.dumps(synthetic_result()))  # As read back from disk.
+
+
+def test_the_picks_keep_the_model_and_are_the_fastest(result):
+  size = result["sizes"]["8"]
+  methods, rec = size["methods"], size["recommendation"]
+  dense = methods["dense"]["summary"]["final_bpb"]["mean"]
+  assert rec["quality_bpb"] == pytest.approx(dense * (1 + study.QUALITY))
+  assert size["target_bpb"] == pytest.approx(dense + transformer.TARGET_MARGIN)
+  diloco_first = []
+  for gbps in ("1", "10", "100"):
+    picks = rec["picks"][gbps]
+    assert picks["every-step"]["method"] == "topk", gbps
+    times = {x: methods[x]["bandwidth"][gbps]["to_target"] for x in methods}
+    diloco_first.append(times["diloco"] < times["sparseloco"])
+    assert picks["periodic"]["method"] == "sparseloco", gbps
+    assert picks["periodic"]["seconds"] == times["sparseloco"]
+  # DiLoCo reaches the target sooner on the fast links (its dense round costs
+  # little there) but ends 10 % worse: never picked.
+  assert diloco_first == [False, True, True]
+  # A slower link costs the dense exchange more than top-k's.
+  t = {g: methods["dense"]["bandwidth"][g]["to_target"] for g in ("1", "10", "100")}
+  assert t["1"] > t["10"] > t["100"]
+  assert methods["topk"]["summary"]["bytes_ratio_to_dense"] == pytest.approx(
+    35_688 / 1_783_824
+  )
+
+
+def test_a_method_with_a_stopped_seed_is_never_picked():
+  size = synthetic_result(stopped_seed="sparseloco")["sizes"]["8"]
+  for picks in size["recommendation"]["picks"].values():
+    assert picks["periodic"] is None  # DiLoCo is too far from dense.
+    assert picks["every-step"]["method"] == "topk"
+
+
+def test_the_page_is_rendered_from_the_json(result, tmp_path):
+  page = study_page.render(result)
+  assert page.startswith(study_page.HEADER) and study_page.GENERATED in page
+  size = result["sizes"]["8"]
+  for label, m in size["methods"].items():
+    s = m["summary"]
+    assert f"| {m['title']} | {s['wire_bytes_per_step']:,.0f} |" in page, label
+    assert f"{s['final_bpb']['mean']:.3f} ± {s['final_bpb']['std']:.3f} (3)" in page
+    chosen = m["choice"]
+    assert (
+      f"**{study_page._point(chosen['point'])}: {chosen['final_bpb']:.3f}**" in page
+    )
+    for g in m["grid"]:  # Every grid point with its seed-0 bpb.
+      assert f"{study_page._point(g['point'])}: {g['final_bpb']:.3f}" in page
+  assert "| 1 Gbit/s | top-k 1 % + EF -> AdamW: " in page
+  assert "SparseLoCo every 32: " in page
+  assert "### What to pick at what bandwidth" in page
+  assert result["command"] in page
+  # The renderer replaces the whole file.
+  path = tmp_path / "page.md"
+  path.write_text("old text that must go\n" * 50)
+  study_page.write(result, path)
+  assert path.read_text() == page
+
+
+def test_the_committed_page_is_the_placeholder_or_a_rendered_study():
+  text = PAGE.read_text()
+  if study_page.GENERATED in text:
+    return  # The study ran and rendered it.
+  assert text == study_page.placeholder()
+  assert "has not been run yet" in text and "old protocol" in text
+  assert study.command(study.DEFAULT_METHODS, 600, [8], 3, {}) in text
+
+
+def test_the_cli_rejects_unknown_methods_and_phases(tmp_path):
+  parser = argparse.ArgumentParser()
+  study.add_parser(parser.add_subparsers(dest="suite"))
+  args = parser.parse_args(
+    ["study", "--methods", "dense,bogus", "--out", str(tmp_path)]
+  )
+  with pytest.raises(SystemExit, match="unknown methods"):
+    args.func(args)
+  with pytest.raises(SystemExit):
+    parser.parse_args(["study", "--phase", "bogus"])
+  args = parser.parse_args(["study", "--phase", "seeds", "--out", str(tmp_path)])
+  args.methods, args.smoke, args.steps = "dense", True, 4
+  with pytest.raises(SystemExit, match="run --phase grid first"):
+    args.func(args)
+  assert not (tmp_path / "study.json").exists()
+
+
+def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
+  """2 methods x 2 rates x 1 seed on the smoke model: the JSON, the choice,
+  the page, and ``--reuse`` re-rendering it without training."""
+  for label in ("dense", "topk"):
+    e = study.ENTRIES[label]
+    method = e.method
+    if label == "topk":  # A warm-up of half the run.
+      hyper = {**method.hyperparameters, "warmup_steps": 2}
+      method = dataclasses.replace(method, hyperparameters=hyper)
+    monkeypatch.setitem(
+      study.ENTRIES, label, dataclasses.replace(e, rates=(3e-3, 1e-2), method=method)
+    )
+  kwargs = {
+    "phase": "all",
+    "steps": 4,
+    "seeds": 1,
+    "eval_every": 2,
+    "out_dir": str(tmp_path),
+    "overrides": workloads.SMOKE,
+  }
+  page = tmp_path / "page.md"
+  result = study.run(["dense", "topk"], page=page, **kwargs)
+  saved = json.loads((tmp_path / "study.json").read_text())
+  size = saved["sizes"]["8"]
+  for label in ("dense", "topk"):
+    m = size["methods"][label]
+    assert [g["key"] for g in m["grid"]] == ["lr0.01", "lr3e-3"]  # Usual first.
+    finals = {g["key"]: g["final_bpb"] for g in m["grid"]}
+    assert m["choice"]["key"] == min(finals, key=finals.get)
+    assert len(m["runs"]) == 1 and np.isfinite(m["summary"]["final_bpb"]["mean"])
+    workdir = Path(m["runs"][0]["workdir"])
+    assert workdir == tmp_path / "study_runs/w8" / label / m["choice"]["key"] / "seed0"
+  topk = size["methods"]["topk"]["summary"]
+  assert 0 < topk["bytes_ratio_to_dense"] < 1  # Half the steps dense.
+  assert page.read_text() == study_page.render(result)
+
+  def no_training(config, workdir):
+    raise AssertionError(f"trained {workdir} again")
+
+  monkeypatch.setattr(transformer.schemes, "_train", no_training)
+  page.write_text("stale")
+  again = study.run(["dense", "topk"], page=page, reuse=True, **kwargs)
+  assert (
+    again["sizes"]["8"]["methods"]["topk"]["choice"]
+    == (size["methods"]["topk"]["choice"])
+  )
+  assert "stale" not in page.read_text() and "top-k 1 % + EF" in page.read_text()
