@@ -709,14 +709,14 @@ def _summaries(size, entries, *, steps, eval_every, overrides, protocol_fields):
       overrides,
       target,
     )
-  dense_bytes = (methods.get(transformer.BASELINE) or {}).get("summary")
+  dense = (methods.get(transformer.BASELINE) or {}).get("summary") or {}
+  dense_bytes = dense.get("wire_bytes_per_step")
   for m in methods.values():
     s = m["summary"]
     if s is not None:
+      mine = s["wire_bytes_per_step"]
       s["bytes_ratio_to_dense"] = (
-        None
-        if dense_bytes is None
-        else s["wire_bytes_per_step"] / dense_bytes["wire_bytes_per_step"]
+        None if not (mine and dense_bytes) else mine / dense_bytes
       )
   size["recommendation"] = recommend(size)
 

@@ -46,6 +46,10 @@ OLD_PROTOCOL = (
 )
 
 
+def _finite(x) -> bool:
+  return isinstance(x, (int, float)) and math.isfinite(x)
+
+
 def _num(x: float | None, spec: str = ".3f") -> str:
   if x is None or not math.isfinite(x):
     return "-"
@@ -241,15 +245,11 @@ def _family_table(
     fewer = "-" if not ratio else f"{1 / ratio:.3g}"
     stats = s["final_bpb"]
     n = len(stats["values"])
-    bpb = _num(stats["mean"]) + (
-      "" if stats["std"] is None else f" ± {stats['std']:.3f}"
-    )
+    std = stats["std"]
+    bpb = _num(stats["mean"]) + (f" ± {std:.3f}" if _finite(std) else "")
     stopped = f", {s['stopped']} stopped" if s.get("stopped") else ""
-    vs = (
-      "-"
-      if dense is None
-      else f"{(stats['mean'] / dense['final_bpb']['mean'] - 1) * 100:+.1f} %"
-    )
+    gap = None if dense is None else stats["mean"] / dense["final_bpb"]["mean"] - 1
+    vs = f"{gap * 100:+.1f} %" if _finite(gap) else "-"
     times = []
     for g in gbps:
       t = m["bandwidth"][g]
@@ -258,7 +258,7 @@ def _family_table(
         cell += f" ({t['reached']}/{t['seeds']})"
       times.append(cell)
     lines.append(
-      f"| {m['title']} | {s['wire_bytes_per_step']:,.0f} | {fewer} "
+      f"| {m['title']} | {_num(s['wire_bytes_per_step'], ',.0f')} | {fewer} "
       f"| {bpb} ({n}{stopped}) | {vs} | " + " | ".join(times) + f" | {_grid_cell(m)} |"
     )
   return lines

@@ -571,8 +571,9 @@ def summarize(runs: Sequence[Mapping[str, Any]], target: float) -> dict[str, Any
   curves = [r["curve"] for r in runs]
   steps = curves[0]["step"]
   bpb = np.asarray([c["bpb"] for c in curves])
-  wires = {r["wire_bytes_per_step"] for r in runs}
-  if len(wires) != 1:
+  # A run stopped before its first log has no bytes; the others must agree.
+  wires = {r["wire_bytes_per_step"] for r in runs} - {None}
+  if len(wires) > 1:
     raise ValueError(f"seeds of one method logged different bytes per step: {wires}")
   clocks = [np.asarray(r["clock"]) for r in runs]
   at = np.asarray([clock[steps] for clock in clocks])
@@ -584,7 +585,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], target: float) -> dict[str, Any
     "bpb_min": bpb.min(0).tolist(),
     "bpb_max": bpb.max(0).tolist(),
     "final_bpb": _stats(bpb[:, -1]),
-    "wire_bytes_per_step": wires.pop(),
+    "wire_bytes_per_step": wires.pop() if wires else None,
     "tokens_per_sec": _stats([r["tokens_per_sec"] for r in runs]),
     "stopped": sum(bool(r.get("stopped")) for r in runs),
     "run_seconds": _stats([r["run_seconds"] for r in runs]),

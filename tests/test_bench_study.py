@@ -248,10 +248,14 @@ def test_the_picks_keep_the_model_and_are_the_fastest(result):
 
 
 def test_a_method_with_a_stopped_seed_is_never_picked():
-  size = synthetic_result(stopped_seed="sparseloco")["sizes"]["8"]
+  result = synthetic_result(stopped_seed="sparseloco")
+  size = result["sizes"]["8"]
   for picks in size["recommendation"]["picks"].values():
     assert picks["periodic"] is None  # DiLoCo is too far from dense.
     assert picks["every-step"]["method"] == "topk"
+  page = study_page.render(result)
+  assert "| SparseLoCo every 32 | 4,000 | 446 | - (3, 1 stopped) |" in page
+  assert "none keeps the model" in page and "nan" not in page
 
 
 def test_the_page_is_rendered_from_the_json(result, tmp_path):
