@@ -747,7 +747,8 @@ def run(
       cannot run yet is skipped and listed under ``skipped``.
     phase: ``grid`` (seed 0 of every grid point), ``seeds`` (the other seeds
       at each chosen point; the grid from ``out_dir``'s JSON), ``all`` (both)
-      or ``page`` (only render ``page`` from the JSON).
+      or ``page`` (only render ``page``, default :data:`DEFAULT_PAGE`, from
+      the JSON).
     steps: steps per run (default: the config's, 600).
     seeds: seeds at the chosen point, seed 0 the grid's.
     windows: windows per worker; the protocol runs at each.
@@ -770,9 +771,7 @@ def run(
     result = load(out_dir)
     if result is None:
       raise ValueError(f"no study.json under {out_dir}: run the study first")
-    if page is None:
-      raise ValueError("--phase page needs --page PATH")
-    study_page.write(result, page)
+    study_page.write(result, DEFAULT_PAGE if page is None else page)
     return result
   labels = list(methods or DEFAULT_METHODS)
   unknown = [x for x in labels if x not in ENTRIES]

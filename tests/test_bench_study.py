@@ -356,3 +356,8 @@ def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
     == (size["methods"]["topk"]["choice"])
   )
   assert "stale" not in page.read_text() and "top-k 1 % + EF" in page.read_text()
+  # --phase page renders the JSON on disk, training nothing.
+  other = tmp_path / "other.md"
+  study.run(phase="page", out_dir=str(tmp_path), page=other)
+  on_disk = json.loads((tmp_path / "study.json").read_text())
+  assert other.read_text() == study_page.render(on_disk)
