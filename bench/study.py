@@ -588,11 +588,6 @@ def recommend(size: Mapping[str, Any]) -> dict[str, Any]:
   return out
 
 
-def _slim(r: Mapping[str, Any]) -> dict[str, Any]:
-  """A run's record for the JSON (its full clock is kept: the seeds' summary)."""
-  return dict(r)
-
-
 def _run_size(
   entries,
   windows,
@@ -654,7 +649,7 @@ def _run_size(
             "point": point,
             "final_bpb": r["curve"]["bpb"][-1],
             "stopped": r.get("stopped"),
-            "run": _slim(r),
+            "run": r,
           }
         )
     else:
@@ -675,8 +670,8 @@ def _run_size(
     ):
       record["runs"] = kept["runs"]  # The seeds of an unchanged choice stay.
     size["methods"][label] = record
-  size["global_batch_size"] = meta.get("batch")
-  size["context"] = meta.get("context")
+  size["global_batch_size"] = meta.get("batch", previous.get("global_batch_size"))
+  size["context"] = meta.get("context", previous.get("context"))
   size["workdir"] = str(meta["workdir"]) if "workdir" in meta else None
   return size
 
