@@ -103,6 +103,20 @@ def transposed_product(m: jax.Array, p: jax.Array) -> jax.Array:
   return jnp.sum(m[..., :, :, None] * p[..., :, None, :], axis=-3)
 
 
+def outer_product(p: jax.Array, q: jax.Array) -> jax.Array:
+  """``p @ q^T`` for thin ``p`` ``(..., rows, rank)`` and ``q`` ``(..., cols, rank)``.
+
+  As ``rank`` broadcast products added in one elementwise pass: XLA:CPU's dot
+  with a contraction of 4 ran 10-20x slower than this on a (3, 4608, 512)
+  batch (26 vs 1.8 ms, issue 43), and the pass fuses with its consumer
+  (the remainder ``x - p q^T``). The same products, added in rank order.
+  """
+  total = p[..., :, None, 0] * q[..., None, :, 0]
+  for j in range(1, p.shape[-1]):
+    total = total + p[..., :, None, j] * q[..., None, :, j]
+  return total
+
+
 def headroom(size: int) -> float:
   """``2**-k`` for the smallest ``k`` with ``2**k >= sqrt(size)``."""
   return 2.0 ** -math.ceil(math.log2(max(size, 1)) / 2)
@@ -150,7 +164,7 @@ def powersgd_codec(
     # Saturating the small factor bounds every entry of P Q^T by max / 2.
     limit = factor_limit(rank)
     q = jnp.clip(q, -limit, limit)
-    approx = (p @ q.T).reshape(-1)[: x.size].reshape(x.shape)
+    approx = outer_product(p, q).reshape(-1)[: x.size].reshape(x.shape)
     big = numerics.FLOAT32_MAX
     return approx, jnp.clip(x - approx, -big, big), PowerSGDLeafState(q=q)
 

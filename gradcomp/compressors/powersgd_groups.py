@@ -46,6 +46,7 @@ from gradcomp.compressors.powersgd import (
   headroom,
   matrix_shape,
   orthonormal_columns,
+  outer_product,
   transposed_product,
   unit_columns,
 )
@@ -168,20 +169,26 @@ def _update_group(leaves, state: ErrorFeedbackState, rank: int, vectors, axis_na
     ):
       # Saturating the small factor bounds every entry of P Q^T by max / 2.
       new_qs.append(jnp.clip(q * (1.0 / headroom(n)), -limit, limit))
-  # What each leaf sent (decoded locally), for the remainder e - sent.
+  # Each leaf's P Q^T and remainder M - P Q^T, in one pass per matrix shape;
+  # a dense leaf sent all of itself (remainder 0).
+  big = numerics.FLOAT32_MAX
   outputs: list[jax.Array | None] = [None] * len(leaves)
-  sent_back: list[jax.Array | None] = [None] * len(leaves)
-  for ((n, m), ks), p_hat, q in zip(layout.classes, p_hats, new_qs, strict=True):
-    approx = (p_hat @ jnp.swapaxes(q, -1, -2)).reshape(len(ks), n * m)
+  kept: list[jax.Array | None] = [None] * len(leaves)
+  for ((n, m), ks), matrix, p_hat, q in zip(
+    layout.classes, matrices, p_hats, new_qs, strict=True
+  ):
+    approx = outer_product(p_hat, q)
+    left = jnp.clip(matrix - approx, -big, big).reshape(len(ks), n * m)
+    approx = approx.reshape(len(ks), n * m)
     for b, k in enumerate(ks):
-      outputs[k] = sent_back[k] = approx[b, : layout.sizes[k]]
+      outputs[k] = approx[b, : layout.sizes[k]]
+      kept[k] = left[b, : layout.sizes[k]]
   for k, mean in zip(layout.dense, dense_means, strict=True):
-    outputs[k], sent_back[k] = mean, piece(k)  # sent whole: remainder 0
+    outputs[k], kept[k] = mean, jnp.zeros_like(mean)
   for k, size in enumerate(layout.sizes):
     if size == 0:
-      outputs[k] = sent_back[k] = jnp.zeros((0,), jnp.float32)
-  big = numerics.FLOAT32_MAX
-  remainder = jnp.clip(e - _concat(sent_back), -big, big)
+      outputs[k] = kept[k] = jnp.zeros((0,), jnp.float32)
+  remainder = _concat(kept)
   new_state = ErrorFeedbackState(
     residual=remainder.reshape(state.residual.shape),
     inner=PowerSGDGroupState(tuple(new_qs)),
