@@ -131,11 +131,20 @@ def _init_group(leaves, first: int, init_key, rank: int, vectors: str):
 def _update_group(leaves, state: ErrorFeedbackState, rank: int, vectors, axis_name):
   """One PowerSGD step of a group: ``(outputs per leaf, new state)``."""
   layout = _layout([x.shape for x in leaves], rank, vectors)
-  flat = _concat([jnp.ravel(x).astype(jnp.float32) for x in leaves])
-  e = corrected(state.residual, flat.reshape(state.residual.shape)).reshape(-1)
+  # e = r + g leaf by leaf, from the slices of the fused residual: slicing a
+  # concatenation of the group's leaves instead makes XLA:CPU fuse the
+  # concatenation into every slice (a select over all the leaves per value).
+  residual = state.residual.reshape(-1)
+  pieces = [
+    corrected(
+      residual[layout.offsets[k] : layout.offsets[k] + layout.sizes[k]],
+      jnp.ravel(x).astype(jnp.float32),
+    )
+    for k, x in enumerate(leaves)
+  ]
 
   def piece(k):
-    return e[layout.offsets[k] : layout.offsets[k] + layout.sizes[k]]
+    return pieces[k]
 
   # P = M Q per leaf, one batched product per matrix shape.
   matrices, ps = [], []
