@@ -477,8 +477,13 @@ def unavailable(entry: Entry) -> str | None:
   return None
 
 
-def protocol(windows: Sequence[int], seeds: int) -> dict[str, Any]:
-  """The protocol in words and values, as the JSON and the page carry it."""
+def protocol(windows: Sequence[int], seeds: int, steps: int = 600) -> dict[str, Any]:
+  """The protocol in words and values, as the JSON and the page carry it.
+
+  A dense phase of ``w`` of ``steps`` steps sends ``w / steps`` of dense's
+  bytes by itself, so it caps the whole run's ratio at ``steps / w``
+  (said in ``dense_warmup``).
+  """
   return {
     "fields": dict(PROTOCOL_FIELDS),
     "clipping": "every method clips each worker's own gradient at gpt_tiny's "
@@ -488,7 +493,10 @@ def protocol(windows: Sequence[int], seeds: int) -> dict[str, Any]:
     "dense_warmup": f"every-step compressors: compressor.warmup_steps={DENSE_WARMUP} "
     "(gpt_tiny's AdamW warm-up); 1-bit and compressed-momentum Adam: "
     f"freeze_step={FREEZE_STEP}; 0/1 Adam and DeMo: their own schedules; bytes "
-    "counted over the whole run, dense phases included",
+    "counted over the whole run, dense phases included, so a dense phase of w "
+    f"of the {steps} steps caps the run's ratio to dense at {steps}/w: "
+    f"{steps / DENSE_WARMUP:.3g}x for the warm-up, {steps / FREEZE_STEP:.3g}x "
+    "for the freeze",
     "selection": "each method's grid on seed 0; the lowest final validation bpb "
     f"wins; within {TIE_BPB:g} bpb a tie, the point nearest the family's usual "
     "value wins; a stopped or non-finite run is never chosen",
@@ -807,7 +815,7 @@ def run(
     "steps": steps,
     "eval_every": eval_every,
     "overrides": overrides,
-    "protocol": protocol(windows, seeds),
+    "protocol": protocol(windows, seeds, steps),
   }
   previous = load(out_dir) or {}
   same = all(previous.get(k) == v for k, v in shape.items() if k != "protocol") and (
