@@ -173,8 +173,9 @@ def parse(text: str | None, islands: int | None = None) -> tuple[Fault, ...]:
       island in one round.
 
   Examples:
-    >>> parse("kill:island=1,round=3;delay:island=2,round=5,seconds=4")
-    (Fault(kind='kill', island=1, round=3, seconds=0.0, forge=''), Fault(kind='delay', island=2, round=5, seconds=4.0, forge=''))
+    >>> parse("kill:island=1,round=3;delay:island=2,round=5,seconds=4")  # doctest: +NORMALIZE_WHITESPACE
+    (Fault(kind='kill', island=1, round=3, seconds=0.0, forge='', after=None),
+     Fault(kind='delay', island=2, round=5, seconds=4.0, forge='', after=None))
   """
   if not text:
     return ()
