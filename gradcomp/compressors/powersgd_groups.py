@@ -152,7 +152,7 @@ def _update_group(leaves, state: ErrorFeedbackState, rank: int, vectors, axis_na
     # 1-D leaves of different sizes can share a near-square shape: each is
     # zero-padded to it on its own.
     rows = jnp.stack([_padded(piece(k), n * m) for k in ks])
-    matrix = rows.reshape(len(ks), n, m)
+    matrix = jax.lax.optimization_barrier(rows).reshape(len(ks), n, m)
     matrices.append(matrix)
     ps.append(matrix @ (unit_columns(q) * headroom(m)))
   dense = [piece(k) for k in layout.dense]
@@ -187,8 +187,13 @@ def _update_group(leaves, state: ErrorFeedbackState, rank: int, vectors, axis_na
     layout.classes, matrices, p_hats, new_qs, strict=True
   ):
     approx = outer_product(p_hat, q)
-    left = jnp.clip(matrix - approx, -big, big).reshape(len(ks), n * m)
+    left = jnp.clip(matrix - approx, -big, big)
+    # Materialised here: fused into the slices that follow, the whole
+    # computation is repeated per leaf and XLA:CPU's compile of a ResNet-50
+    # group took minutes.
+    approx, left = jax.lax.optimization_barrier((approx, left))
     approx = approx.reshape(len(ks), n * m)
+    left = left.reshape(len(ks), n * m)
     for b, k in enumerate(ks):
       outputs[k] = approx[b, : layout.sizes[k]]
       kept[k] = left[b, : layout.sizes[k]]
