@@ -294,18 +294,17 @@ def _entries() -> tuple[Entry, ...]:
     Entry(
       Method(
         "muloco",
-        _DILOCO,
-        "int_quantize",
-        {"bits": 4},
+        {**_DILOCO, "outer_momentum": 0.6},
+        "topk",
+        dict(_TOPK),
         "layerwise",
         optimizer={"name": "muon"},
-        why="MuLoCo (arXiv 2505.23725): Muon inner steps, pseudo-gradients "
-        "through 4-bit int_quantize with EF (the paper's 2 bits; the library's "
-        "int_quantize has 4 and 8), a scale per block of each leaf, outer "
-        "Nesterov 0.9",
+        why="MuLoCo (Therien et al. 2025, arXiv 2505.23725), as configs/muloco.py: "
+        "Muon inner steps, pseudo-gradients through top-k 1 % with EF leaf by "
+        "leaf, outer Nesterov momentum 0.6 (the paper's)",
       ),
       periodic,
-      f"MuLoCo every {EVERY} (Muon, 4-bit)",
+      f"MuLoCo every {EVERY} (Muon, top-k 1 %)",
       MUON_RATES,
       OUTER_RATES,
       rate_note="inner: around Muon's usual 0.02; outer: around DiLoCo's 0.7",
