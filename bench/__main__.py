@@ -25,6 +25,7 @@ Example::
   python -m bench device-step --model gpt2_small --batch 8
   python -m bench hierarchy --models resnet50,gpt2_small
   python -m bench islands --failures 10 --rounds 3000
+  python -m bench study --phase grid --methods dense,topk,powersgd
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from bench import (
   islands,
   schemes,
   sketch,
+  study,
   transformer,
   workloads,
 )
@@ -880,6 +882,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   ds.add_argument("--out", default="bench_out/", help="directory for device_step.*")
   ds.set_defaults(func=_device_step)
   islands.add_parser(suites)
+  study.add_parser(suites)
   args = parser.parse_args(argv)
   if args.suite in ("sizes", "wire"):
     from bench import sizes, wire_suite

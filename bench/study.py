@@ -172,9 +172,9 @@ def _entries() -> tuple[Entry, ...]:
         _SYNC,
         "powersgd",
         {**transformer.POWERSGD, **_WARM},
-        "single",
+        "layerwise",
         why="rank 4 per 2-D leaf, 1-D leaves dense (Vogels et al. 2019): "
-        "layerfusion's per-leaf form, one fused exchange; after "
+        "each leaf its own factors and exchange; after "
         f"{DENSE_WARMUP} dense steps, then AdamW",
       ),
       every,

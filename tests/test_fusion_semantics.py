@@ -80,7 +80,9 @@ def test_scope_of_undeclared_and_per_leaf_overrides():
 
 def _warm_starts() -> dict[str, np.ndarray]:
   """Each compressed leaf's initial ``Q`` (``cols x rank``), as the plans draw it."""
-  tx = gradcomp.layerfusion(gradcomp.powersgd(RANK), "layerwise", order=ORDER)
+  tx = gradcomp.layerfusion(
+    gradcomp.powersgd(RANK), "layerwise", order=ORDER, per_leaf=True
+  )
   state = tx.init({k: jnp.zeros(s, jnp.float32) for k, s in SHAPES.items()})
   out = {}
   for j, i in enumerate(ORDER):
@@ -237,7 +239,9 @@ def runs():
   layerwise = gradcomp.layerfusion(
     gradcomp.powersgd(RANK, axis_name=axis), "layerwise", order=ORDER, per_leaf=False
   )
-  fused = gradcomp.layerfusion(gradcomp.powersgd(RANK, axis_name=axis), PLAN)
+  fused = gradcomp.layerfusion(
+    gradcomp.powersgd(RANK, axis_name=axis), PLAN, per_leaf=True
+  )
   old = gradcomp.layerfusion(
     gradcomp.powersgd(RANK, axis_name=axis), PLAN, per_leaf=False
   )
@@ -347,7 +351,9 @@ def _all_reduces(tx, grads) -> int:
 def test_two_all_reduces_per_group():
   grads = _low_rank_grads()
   axis = harness.AXIS
-  fused = gradcomp.layerfusion(gradcomp.powersgd(RANK, axis_name=axis), PLAN)
+  fused = gradcomp.layerfusion(
+    gradcomp.powersgd(RANK, axis_name=axis), PLAN, per_leaf=True
+  )
   assert _all_reduces(fused, grads) == 2 * len(PLAN.groups)
   layerwise = gradcomp.layerfusion(
     gradcomp.powersgd(RANK, axis_name=axis), "layerwise", order=ORDER, per_leaf=False
