@@ -1,4 +1,4 @@
-"""Refusing an ``axis_name`` across which the params are different shards (DESIGN §7).
+"""Refusing an ``axis_name`` across which the params are different shards.
 
 A compressor returns the mean over ``axis_name`` of its workers' decoded
 gradients. On a mesh ``("data", "model")`` with the params sharded over

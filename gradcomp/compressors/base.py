@@ -1,6 +1,6 @@
 """The compressor skeleton: a per-leaf codec lifted to an optax transformation.
 
-DESIGN §1: every compressor is a codec (encode / decode of one leaf), an exchange
+Every compressor is a codec (encode / decode of one leaf), an exchange
 over ``axis_name`` and, optionally, a memory (error feedback). Here the codec and
 its exchange are one :class:`LeafCodec`, because several algorithms interleave
 them (PowerSGD exchanges P before it can compute Q); the memory wraps any

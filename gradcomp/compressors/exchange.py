@@ -1,4 +1,4 @@
-"""How payloads meet across workers (DESIGN §1, *exchange*).
+"""How payloads meet across workers.
 
 Collectives are opt-in: with ``axis_name=None`` every exchange is the identity
 and a compressor runs on one device. Gathers are requested *invariant*

@@ -123,7 +123,7 @@ def fixed_point(
   memory keeps what saturation and rounding left out, and drops a NaN or Inf
   gradient (``memory.py``).
 
-  ``exchange="scatter"`` (DESIGN §7; ``scatter.two_stage``; the two-stage
+  ``exchange="scatter"`` (``scatter.two_stage``; the two-stage
   exchange of 1-bit Adam, Tang et al. 2021 §4, Alg. 1): the flattened leaf
   is split into ``n`` chunks of ``ceil(d / n)`` values, each sent to its
   owner as its packed codes (the format is static: no scale, per chunk or
@@ -280,7 +280,7 @@ def dynamic_fixed_point(
   ``error_feedback=True`` the memory drops a NaN or Inf gradient
   (``memory.py``).
 
-  ``exchange="scatter"`` (DESIGN §7; ``scatter.two_stage``; the two-stage
+  ``exchange="scatter"`` (``scatter.two_stage``; the two-stage
   exchange of 1-bit Adam, Tang et al. 2021 §4, Alg. 1, with ZeRO++'s
   per-block scales, Wang et al. 2023 §3): the flattened leaf is split into
   ``n`` chunks of ``ceil(d / n)`` values; each chunk's groups are its runs

@@ -1,6 +1,6 @@
 """Error feedback: the memory part shared by every compressor that uses it.
 
-DESIGN §1, *memory*; paper 004 §4 (1-bit quantization with error feedback,
+The *memory* of a compressor; paper 004 §4 (1-bit quantization with error feedback,
 Seide et al. 2014) and Karimireddy et al. 2019 (EF-signSGD):
 
 .. math::
@@ -107,7 +107,7 @@ def error_feedback(codec: LeafCodec, decay: float = 1.0) -> LeafCodec:
 
   def init(leaf, key):
     return ErrorFeedbackState(
-      # Like the leaf: sharded as the params are (DESIGN §7).
+      # Like the leaf: sharded as the params are.
       residual=jnp.zeros_like(leaf, jnp.float32),
       inner=codec.init(leaf, key),
     )

@@ -144,7 +144,7 @@ def onebit_sgd(
   decoded ``e_hat``. Under LayerFusion a fused buffer is 1-D, i.e. one column
   with one pair of values.
 
-  ``exchange="scatter"`` (DESIGN §7; ``scatter.two_stage``, the two-stage
+  ``exchange="scatter"`` (``scatter.two_stage``, the two-stage
   error-compensated exchange of 1-bit Adam, Tang et al. 2021 §4, Alg. 1):
   the leaf is flattened and split into ``n`` chunks of ``ceil(d / n)``
   values; each chunk is one column, sent to its owner as its bits and its

@@ -195,7 +195,7 @@ def powersgd(
   all-reduced uncompressed, as in the reference implementation; so are 1-D
   leaves with ``vectors="dense"`` (the paper's treatment of biases).
 
-  Under ``gradcomp.layerfusion`` PowerSGD keeps these semantics (DESIGN §14):
+  Under ``gradcomp.layerfusion`` PowerSGD keeps these semantics:
   every leaf of a fused group keeps its own ``P`` and ``Q``, leaves of one
   matrix shape are factorised as one batch, and each group all-reduces its
   ``P``'s (with its dense leaves) and its ``Q``'s in one collective each

@@ -1,6 +1,6 @@
 """PowerSGD per leaf on fused groups: each leaf its own factors, one batch per shape.
 
-DESIGN §14. PowerSGD's published form (Vogels, Karimireddy & Jaggi, NeurIPS
+PowerSGD's published form (Vogels, Karimireddy & Jaggi, NeurIPS
 2019, Alg. 1-2) factorises each layer's own gradient matrix; a fused buffer of
 many layers, reshaped to one near-square matrix, has no low-rank structure.
 :func:`powersgd_per_leaf` is what ``gradcomp.layerfusion`` runs for

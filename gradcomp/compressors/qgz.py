@@ -249,7 +249,7 @@ def qgz(
     block-quantized int4 gradients) and §3.1 (block quantization); Xie et
     al., *LoCo: Low-Bit Communication Adaptor for Large-scale Model
     Training*, 2024 (error feedback at each hop); DeepSpeed
-    ``all_to_all_quant_reduce``; DESIGN §7.
+    ``all_to_all_quant_reduce``;
   """
   if not isinstance(bits, int) or isinstance(bits, bool) or bits not in blockq.BITS:
     raise ValueError(f"bits must be one of {blockq.BITS}, got {bits!r}")

@@ -55,7 +55,7 @@ def qsgd(
   saturate (decode smaller than they are, biased). Each decoded payload is
   divided by ``n`` before the workers' payloads are added.
 
-  ``exchange="scatter"`` (DESIGN §7; ``scatter.two_stage``; the two-stage
+  ``exchange="scatter"`` (``scatter.two_stage``; the two-stage
   exchange of 1-bit Adam, Tang et al. 2021 §4, Alg. 1, and ZeRO++'s qgZ,
   Wang et al. 2023 §3): the flattened leaf is split into ``n`` chunks of
   ``ceil(d / n)`` values, each quantized as above in buckets of
@@ -221,7 +221,7 @@ def terngrad(
   maximum, not a sum, and each decoded payload is divided by ``n`` before the
   workers' payloads are added.
 
-  ``exchange="scatter"`` (DESIGN §7; ``scatter.two_stage``; the two-stage
+  ``exchange="scatter"`` (``scatter.two_stage``; the two-stage
   exchange of 1-bit Adam, Tang et al. 2021 §4, Alg. 1, and ZeRO++'s qgZ,
   Wang et al. 2023 §3): the flattened leaf is split into ``n`` chunks of
   ``ceil(d / n)`` values, each sent to its owner as 2-bit codes and its own

@@ -3,7 +3,7 @@ r"""Reduce-scatter exchanges: each worker owns a chunk, so link bytes stay ~2x t
 The all-gather exchange of a compressed payload sends it to ``n - 1`` peers;
 a reduce-scatter form sends each peer only the chunk it owns, lets the owner
 reduce and re-compress its chunk, and gathers the owners' results
-(DESIGN §7, *exchanges that scale with workers*):
+(*exchanges that scale with workers*):
 
 1. each worker splits its (error-compensated) flat values into ``n`` chunks
    of ``ceil(d / n)`` values (:func:`chunk_size`; the last padded with
@@ -48,7 +48,7 @@ from gradcomp.kernels import bits, hashing
 
 #: The exchange forms a quantizing codec may take (its ``exchange=`` keyword).
 FORMS = ("gather", "scatter")
-#: Registered compressors with an ``exchange="scatter"`` form (DESIGN §7).
+#: Registered compressors with an ``exchange="scatter"`` form.
 SCATTERED = (
   "dynamic_fixed_point",
   "ef_signsgd",

@@ -1,4 +1,4 @@
-"""What fusion may change: each compressor's unit of compression (DESIGN §14).
+"""What fusion may change: each compressor's unit of compression.
 
 ``gradcomp.layerfusion`` hands a compressor one buffer per group of leaves.
 Whether that changes the algorithm depends on what the algorithm computes

@@ -29,7 +29,7 @@ def signsgd(
   tie. Unlike the other compressors the result is the *vote*, not a mean, as
   in the paper: pair it with a small learning rate (``optax.sgd(1e-3)``).
 
-  ``exchange="scatter"`` (DESIGN §7; ``scatter.two_stage``): each worker
+  ``exchange="scatter"`` (``scatter.two_stage``): each worker
   sends the sign bits of chunk ``j`` of its flattened gradient to worker
   ``j`` (an all-to-all), the owner counts the votes of its chunk and
   re-encodes the vote's sign in one bit, and an all-gather returns the
@@ -152,7 +152,7 @@ def ef_signsgd(
   .. math::
     e = r + g,\\quad p = \\tfrac{\\|e\\|_1}{d}\\operatorname{sign}(e),\\quad r = e - p
 
-  ``exchange="scatter"`` (DESIGN §7; ``scatter.two_stage``; 1-bit Adam's
+  ``exchange="scatter"`` (``scatter.two_stage``; 1-bit Adam's
   error-compensated compressed all-reduce, Tang et al. 2021 §4, Alg. 1):
   ``e`` is flattened and split into ``n`` chunks, each sent to its owner as
   its sign bits and its own scale ``||e_chunk||_1 / |chunk|`` (scales per

@@ -9,8 +9,8 @@ for another compressor. Every public factory is therefore wrapped by
 transformation's ``update`` function (weakly, so nothing is kept alive).
 
 Being the one place every public factory goes through, :func:`recorded` also
-guards ``axis_name`` against params sharded across it (``axes.checked``,
-DESIGN §7; a no-op unless ``axis_name`` names several mesh axes).
+guards ``axis_name`` against params sharded across it (``axes.checked``;
+a no-op unless ``axis_name`` names several mesh axes).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@
   |X_i|`` samples, as fixed-shape masked batches for an SPMD step.
 
 Pure NumPy, scikit-learn and psutil: no JAX here. The readings of what the
-paper leaves open are in each module's docstring (``../shared/papers/NOTES.md``).
+paper leaves open are in each module's docstring.
 """
 
 from gradcomp.edgegossip.aggregator import METHODS as METHODS

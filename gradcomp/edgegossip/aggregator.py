@@ -19,7 +19,7 @@ GHA + LSH) and ``"hash_kmeans"`` (hash fingerprint + K-means).
 method and ratio, for §4.3's ordering (K-means dominates methods 1 and 3, the
 incremental SVD method 2).
 
-Readings (``../shared/papers/NOTES.md``; the paper leaves these open):
+Readings (the paper leaves these open):
 
 * **Subsets per class.** Class ``c`` with ``N_c`` samples gets ``k_c =
   max(1, round(N_c / ratio))`` subsets (half up), so ``M`` is about ``N /

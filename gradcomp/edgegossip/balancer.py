@@ -16,7 +16,7 @@ inf``, ``r_i = 0``. When the failed share ``sum_i F_i / E`` exceeds
 ``f_threshold`` (10 % in §3.3) the algorithm halts and triggers an exception
 handling (lines 10-12).
 
-Readings (``../shared/papers/NOTES.md``):
+Readings (what the paper leaves open):
 
 * **Halting.** :func:`balance` raises :class:`BalancerHalted` (the failed
   platforms and the would-be result attached) by default; with

@@ -15,7 +15,7 @@ worker steps the same number of times (:func:`stack_plans` pads plans to a
 common ``steps``); a worker past its budget has fully masked rows, and the
 training step leaves its parameters and optimizer state unchanged there.
 
-Readings (``../shared/papers/NOTES.md``):
+Readings (what the paper leaves open):
 
 * **Index bugs.** Algorithm 2's inner ``for`` breaks before ``i++``, so the
   next batch would start with the subset just used, and the ``while`` never

@@ -21,7 +21,7 @@ samples per second (the "extended" estimator), the ``p_i`` the balancer
   intensity in child processes, so a benchmark can profile a real training
   step under it (§4.4 co-runs MapReduce jobs of 13 input sizes).
 
-Readings (``../shared/papers/NOTES.md``):
+Readings (what the paper leaves open):
 
 * **The regression's form** is not stated ("a regression model"): linear
   least squares (scikit-learn's ``LinearRegression``) by default, ridge, or

@@ -17,7 +17,7 @@ keeps three reductions (§3.2, Fig. 3, Table 3; settings in §4.3):
   hashing trick (Weinberger et al. 2009), every original feature added with a
   random sign to one of ``d'`` hashed buckets. ``O(N d)`` (Table 3).
 
-Readings (paper 002 leaves these open; ``../shared/papers/NOTES.md``):
+Readings (paper 002 leaves these open):
 
 * **Per-sample SVD with fewer than 10 singular values.** A sample read as an
   ``h x w`` matrix has ``min(h, w)`` singular values: sklearn's 8 x 8 digits

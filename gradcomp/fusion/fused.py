@@ -120,7 +120,7 @@ def fusion_transform(
   tuple in group order, to ``in_form(form)`` (``inner`` built with that
   ``exchange=``); the state is then ``{form: its state}``.
 
-  ``per_leaf`` (DESIGN §14), for a plan without forms: ``inner``'s per-leaf
+  ``per_leaf``, for a plan without forms: ``inner``'s per-leaf
   form (``gradcomp.compressors.scopes.per_leaf_form``). It is handed the
   tuple of groups, each the tuple of its leaves in plan order, rather than
   their concatenations, so that each leaf keeps ``inner``'s per-leaf

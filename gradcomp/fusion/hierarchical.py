@@ -1,6 +1,6 @@
 r"""Hierarchical compression: reduce-scatter on the fast axis, compress on the slow one.
 
-DESIGN §7. A cluster's fast links (NVLink inside a node, ICI inside a TPU
+A cluster's fast links (NVLink inside a node, ICI inside a TPU
 slice) and slow ones (InfiniBand / Ethernet between nodes, DCN between
 slices) are two mesh axes. Compression pays on the slow axis and mostly costs
 on the fast one, so :func:`hierarchical` splits the exchange of every leaf in
@@ -339,7 +339,7 @@ def hierarchical(
     Architecture for Accelerating Distributed DNN Training in Heterogeneous
     GPU/CPU Clusters* (BytePS), OSDI 2020 §4 (two-level compression);
     Rajbhandari et al., *ZeRO: Memory Optimizations Toward Training Trillion
-    Parameter Models*, SC 2020 (partitioned gradients); DESIGN §7.
+    Parameter Models*, SC 2020 (partitioned gradients);
   """
   if not isinstance(fast_axis, str) or not fast_axis:
     raise ValueError(f"fast_axis must be a mesh axis name (a str), got {fast_axis!r}")

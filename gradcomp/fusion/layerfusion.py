@@ -10,7 +10,7 @@ into one buffer, hands ``inner`` the tuple of buffers, and splits the result
 back. ``plan="auto"`` chooses the groups by the cost model of §4.3 (eq. 7):
 a measured profile of ``inner`` (``profile.py``), a described cluster
 (``cluster.py``), the wait-free-backprop timeline (``timeline.py``) and the
-search (``fusion_search.py``). DESIGN §2.
+search (``fusion_search.py``).
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def layerfusion(
   exactly ``inner`` applied to the tree, also for shape-aware compressors
   (PowerSGD's matrices).
 
-  Semantics (DESIGN §14): a compressor declares what fusion may change
+  Semantics: a compressor declares what fusion may change
   (``gradcomp.compressors.scopes``: per element, per leaf, per buffer). A
   per-leaf compressor with a per-leaf form (``powersgd``) keeps its published
   semantics inside the fused program: the form receives each group's leaves
@@ -219,7 +219,7 @@ def layerfusion(
       exchange form; ``"auto"`` (with ``plan="auto"`` and a codec with an
       ``exchange=`` keyword): each group in the form the search chooses
       with the partition (the whole timeline weighed), all-gathered
-      (``"gather"``) or reduce-scattered (``"scatter"``, DESIGN §7), with
+      (``"gather"``) or reduce-scattered (``"scatter"``), with
       ``profile`` then ``{form: Profile}`` (default:
       both measured, their wire traced on the cluster's workers). Groups
       of one form go to that form's compressor as one tuple; the plan

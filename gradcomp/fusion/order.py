@@ -7,7 +7,7 @@ flax (like ``jax.tree`` on any dict) sorts parameter dicts by name, so
 ``Dense_10`` comes before ``Dense_2`` and ``"out"`` before ``"hidden"``. The
 order is read instead from the computation: the reverse-mode pass visits the
 forward equations backwards, so the parameter used last in the forward pass
-gets its gradient first (DESIGN §2).
+gets its gradient first.
 """
 
 from __future__ import annotations

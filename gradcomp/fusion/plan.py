@@ -6,7 +6,7 @@ call. Groups are contiguous in *gradient-ready order*, the order in which
 backprop produces the gradients (paper 000 §4.3: wait-free backprop overlaps
 the exchange of a group with the backward pass of the layers below it), so a
 plan is a list of boundaries in that order. ``gradient_order.py`` derives the
-order from the loss's computation; DESIGN §2.
+order from the loss's computation;
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ class Plan:
     groups: the groups, first-ready first.
     num_leaves: the number of leaves of the tree the plan is for.
     forms: ``None``, or one exchange form per group (``"gather"`` or
-      ``"scatter"``, the ``exchange=`` keyword of the quantizing codecs,
-      DESIGN §7) for ``layerfusion`` to build ``inner`` with; the cost model
+      ``"scatter"``, the ``exchange=`` keyword of the quantizing codecs)
+      for ``layerfusion`` to build ``inner`` with; the cost model
       chooses them with ``layerfusion(..., exchange="auto")``.
 
   Examples:

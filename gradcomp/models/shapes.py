@@ -1,7 +1,7 @@
 """Parameter shapes, forward order and forward FLOPs, derived from the flax models.
 
 The papers' models (paper 000 §5, Table 3: ResNet-20 and VGG-16 on CIFAR-10,
-ResNet-50 on ImageNet, a 2-layer LSTM on PTB) and GPT-2 small (DESIGN §8) are
+ResNet-50 on ImageNet, a 2-layer LSTM on PTB) and GPT-2 small are
 defined once, in flax, in :mod:`gradcomp.models.zoo`; the training program
 trains those modules. The benchmarks and the cost model need only the
 gradients' shapes and the compute behind each, so this module reads them off

@@ -36,7 +36,7 @@ not inside flax lifted transforms (``nn.scan``, ``nn.vmap``, ``nn.remat``), whos
 inner traces the recorder cannot leave; a layer with a custom ``dot_general``
 or a ``precision`` / ``dtype`` other than the default is rebuilt in float32 at
 default precision, so it matches ``jax.grad`` only up to that difference.
-Models may import only ``parallel`` / ``kernels`` (DESIGN's layers), so the
+Models may import only ``parallel`` / ``kernels`` (the package's layers), so the
 gossip exchange pattern is accepted by its interface (an object with an
 ``exchange(payload, decode)`` method: ``compressors.exchange.Neighbours``).
 """

@@ -3,7 +3,7 @@
 Small flax.linen models for the digits config, and the papers' architectures
 (paper 000 §5, Table 3): ResNet-20 and VGG-16 on CIFAR-10, ResNet-50 on
 ImageNet, a 2-layer LSTM on PTB; and a decoder-only transformer with GPT-2's
-architecture (:mod:`gradcomp.models.transformer`, DESIGN §8) in the sizes of
+architecture (:mod:`gradcomp.models.transformer`) in the sizes of
 its ``SIZES``: ``gpt_tiny``, ``gpt_small``, ``gpt2_small``, with the vocabulary
 as ``num_classes``. These are the only definitions of those networks:
 ``gradcomp.models.shapes`` derives the benchmarks' and the cost model's

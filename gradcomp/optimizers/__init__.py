@@ -1,4 +1,4 @@
-"""Optimizers that compress what they exchange: adaptive ones (DESIGN §8).
+"""Optimizers that compress what they exchange: adaptive ones.
 
 Compressing the gradient *before* Adam breaks error feedback (Adam's
 per-coordinate normalisation rescales what was decoded); these compress the

@@ -147,7 +147,7 @@ def compressed_adam(
     [0.095, 0.0475, 0.0]
 
   References:
-    Tang et al. 2021, "1-bit Adam", ICML, §3 and §4, Alg. 1; DESIGN §11.
+    Tang et al. 2021, "1-bit Adam", ICML, §3 and §4, Alg. 1;
   """
   frozen_variance.check_adam(
     learning_rate, b1, b2, eps, weight_decay, freeze_step=freeze_step
@@ -166,6 +166,6 @@ def compressed_adam(
     mask=mask,
     axis_name=axis_name,
   )
-  # Its axes filed so hierarchical() can take it as its inner (DESIGN §7);
+  # Its axes filed so hierarchical() can take it as its inner;
   # params that are shards of a partition across axis_name are refused.
   return axes.checked(tx, axis_name, strict=False)

@@ -420,7 +420,7 @@ def demo(
     new_updates, delta = jax.tree.transpose(outer, jax.tree.structure((0, 0)), pairs)
     return new_updates, DeMoState(optax.safe_increment(state.count), delta)
 
-  # Its axes filed so hierarchical() can take it as its inner (DESIGN §7);
+  # Its axes filed so hierarchical() can take it as its inner;
   # params that are shards of a partition across axis_name are refused.
   return axes.checked(
     optax.GradientTransformation(init_fn, update_fn), axis_name, strict=False

@@ -173,6 +173,6 @@ def onebit_adam(
     mask=mask,
     axis_name=axis_name,
   )
-  # Its axes filed so hierarchical() can take it as its inner (DESIGN §7);
+  # Its axes filed so hierarchical() can take it as its inner;
   # params that are shards of a partition across axis_name are refused.
   return axes.checked(tx, axis_name, strict=False)

@@ -400,7 +400,7 @@ def zero_one_adam(
     updates = jax.tree.map(lambda u, p: u.astype(jnp.asarray(p).dtype), updates, params)
     return updates, exchange.vary_like(new_state, state)
 
-  # Its axes filed so hierarchical() can take it as its inner (DESIGN §7);
+  # Its axes filed so hierarchical() can take it as its inner;
   # params that are shards of a partition across axis_name are refused.
   return axes.checked(
     optax.GradientTransformation(init_fn, update_fn), axis_name, strict=False

@@ -232,7 +232,7 @@ def collectives_depending_on(fn, args: tuple, argnums) -> list[tuple[str, bool]]
   tainting every value computed from the leaves of ``args[i]`` for ``i`` in
   ``argnums``. A collective none of whose operands is tainted can run before
   those inputs exist: CD-SGD's exchange of the last step's message (paper 001
-  §3.1; DESIGN §5) may overlap the backward pass that produces this step's
+  §3.1) may overlap the backward pass that produces this step's
   gradient.
 
   Returns:

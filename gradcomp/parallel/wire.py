@@ -1,4 +1,4 @@
-"""Bytes on the wire, read from the compiled program (DESIGN §4).
+"""Bytes on the wire, read from the compiled program.
 
 The optimized HLO of a ``shard_map``/``pmap`` step is the per-device program, so
 the operand bytes of its collectives are what each device sends: for an

@@ -1,4 +1,4 @@
-"""Training schemes whose workers' params differ (DESIGN §5).
+"""Training schemes whose workers' params differ.
 
 A scheme wraps the worker's local optax optimizer and returns an
 ``optax.GradientTransformation`` whose ``update(grads, state, params)`` takes

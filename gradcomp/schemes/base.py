@@ -1,6 +1,6 @@
 """What every scheme shares: the contract's checks and its state's copy of the params.
 
-DESIGN §5: a scheme's ``update`` needs the worker's own params (``None`` is a
+A scheme's ``update`` needs the worker's own params (``None`` is a
 ``ValueError``: the scheme cannot say where the params should go without
 knowing where they are), its hyper-parameters are validated in the factory,
 and a compressor or optimizer it wraps must be an optax transformation.
@@ -19,7 +19,7 @@ def require_params(params, scheme: str):
   if params is None:
     raise ValueError(
       f"{scheme}.update needs the worker's own params: call "
-      f"tx.update(grads, state, params) (DESIGN §5); got params=None"
+      f"tx.update(grads, state, params); got params=None"
     )
   return params
 

@@ -116,7 +116,7 @@ def sparseloco(
 
   **Defaults.** ``chunk=64`` and ``value_bits=2`` are the paper's; its
   densities are 1-3 % (``k`` of 41 to 123 per 4096), so ``k`` has no
-  default. ``ef_decay=0.95`` follows DESIGN §11 (Templar's ``SparseLoCo``
+  default. ``ef_decay=0.95`` is the project's choice (Templar's ``SparseLoCo``
   optimizer defaults to 0.999). The 8-bit codes of Templar's code are
   ``value_bits=8``.
 

@@ -1,6 +1,6 @@
 """Described clusters, measured cost profiles, the cost model, the timeline simulator and the simulated clock.
 
-Paper 000 §4.3 (eq. 7) and DESIGN §6. ``cluster`` describes workers (speeds,
+Paper 000 §4.3 (eq. 7) and ``cluster`` describes workers (speeds,
 slowdowns, failures) and links; ``clock`` advances simulated time on such a
 cluster step by step, for the training program; ``gossip`` prices
 decentralized steps, where each worker waits only for its neighbours;

@@ -1,6 +1,6 @@
 """A simulated clock: training time on a described cluster, step by step.
 
-DESIGN §6. The papers measure wall-clock time on clusters we do not have
+The papers measure wall-clock time on clusters we do not have
 (heterogeneous devices, co-running jobs, failures). The training program runs
 on virtual devices and advances a :class:`SimClock` once per training step, so
 that accuracy can be reported against the time the run would have taken on a

@@ -57,7 +57,7 @@ sharded or co-located servers use ``allreduce="sharded_parameter_server"``
 ``alpha`` counts once per collective the compressor issues (a two-round
 compressor pays it twice). One worker exchanges nothing.
 
-**Two link classes** (DESIGN §7). A profile's wire key may also name a link:
+**Two link classes**. A profile's wire key may also name a link:
 ``"<kind>@fast"`` is a ring over the ``workers_per_node`` devices of a node
 on the intra-node link, ``"<kind>@slow"`` a ring over the nodes on the
 cluster's link (:meth:`Cluster.link_seconds`), as
@@ -72,7 +72,7 @@ of one process (the "collective" is a rendezvous and a memcpy by the same
 threads that compress and back-propagate). The timeline then runs exchanges
 on the compute stream, and pipelining groups hides nothing.
 
-**Compute (DESIGN §6).** A cluster also describes its workers' compute, so
+**Compute.** A cluster also describes its workers' compute, so
 that a run can be priced in simulated seconds on a cluster we do not have:
 
 * ``speeds``: each worker's speed relative to a reference device that sustains
@@ -572,7 +572,7 @@ class Cluster:
   def axis_seconds(self, records, fast_axes=()) -> float:
     """Seconds of a program's collectives, each on the link class of its mesh axes.
 
-    DESIGN §7's two link classes: a collective whose replica groups span
+    Two link classes: a collective whose replica groups span
     only axes in ``fast_axes`` (a node's NVLink, a slice's ICI) runs on the
     intra-node link (``intra_bandwidth_gbps``, ``intra_latency_us``); any
     other (or one of unknown axes) on the cluster's own link

@@ -37,7 +37,7 @@ With ``warmup_steps=0`` and ``1`` the first step is the switch; they differ
 only in the first message's precision (``c = 1``: compressed for ``k > 1``;
 ``c = 0``: full).
 
-**Per-worker events** (:func:`simulate_delayed`, DESIGN §6). On a
+**Per-worker events** (:func:`simulate_delayed`). On a
 described :class:`~gradcomp.sim.cluster.Cluster` worker ``w`` computes step
 ``t`` in ``c_w(t)`` (:meth:`Cluster.compute_seconds`: speeds, slowdowns,
 failures); the exchange of message ``m`` starts when every worker has
@@ -460,7 +460,7 @@ def simulate_delayed(
     [0.0, 1.0, 4.0, 7.0]
 
   References:
-    Paper 001 §3.1 (Fig. 2), Alg. 1, eqs. 6-7; DESIGN §6.
+    Paper 001 §3.1 (Fig. 2), Alg. 1, eqs. 6-7;
   """
   if not isinstance(cluster, Cluster):
     raise ValueError(f"cluster must be a Cluster, got {cluster!r}")

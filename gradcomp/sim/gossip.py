@@ -1,6 +1,6 @@
 r"""Pricing gossip on a described cluster: each worker waits for its neighbours only.
 
-DESIGN §6: "gossip waits only for neighbours". A gossip step (D-PSGD, Lian
+Gossip waits only for neighbours. A gossip step (D-PSGD, Lian
 et al. 2017; CHOCO-SGD, Koloskova et al. 2019; survey 004 §2.3) has no
 global barrier: worker ``i`` finishes step ``t`` once it has its own update
 and the messages of its in-neighbours in the topology's phase of step ``t``
@@ -53,7 +53,7 @@ simulated time is that of the workers still running, as
 References:
   Survey 004 §2.3 (gossiping SGD); Lian et al., NeurIPS 2017 (D-PSGD);
   Koloskova et al., ICML 2019 (CHOCO-SGD); Assran et al., ICML 2019 (SGP);
-  DESIGN §6.
+
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def simulate_gossip(
     [0.0, 3.0, 6.0, 9.0]
 
   References:
-    DESIGN §6; survey 004 §2.3.
+    Survey 004 §2.3.
   """
   times = gossip_worker_seconds(
     cluster, flops_per_step, topology, message_bytes, steps, overlap=overlap

@@ -15,7 +15,7 @@ A wire key is a collective kind (over all the cluster's workers) or
 (``Cluster.link_seconds``). :meth:`Profile.hierarchical` lifts a compressor's
 profile into that of ``gradcomp.hierarchical(inner, fast_axis)``, whose
 reduce-scatter and all-gather run inside nodes and whose inner exchange runs
-across them (DESIGN §7).
+across them.
 """
 
 from __future__ import annotations

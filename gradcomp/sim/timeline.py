@@ -190,7 +190,7 @@ class CostModel:
   evaluated at once (:meth:`iteration_seconds`).
 
   ``profile`` may map exchange forms to profiles, e.g. ``{"gather": p,
-  "scatter": q}`` for a quantizing codec's two forms (DESIGN §7): every
+  "scatter": q}`` for a quantizing codec's two forms: every
   possible group is then priced in each form and takes the one of least
   ``Comp + Comm`` (:meth:`group_forms`), so a plan may gather its small
   groups (one latency per peer, small payloads) and scatter its large ones
