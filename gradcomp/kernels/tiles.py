@@ -5,9 +5,9 @@ and SparseLoCo (Sarfi et al. 2025, arXiv 2508.15706; Templar's
 ``src/tplr/compress/topk.py``) view a leaf as a matrix and cut each of its two
 axes into chunks of the largest divisor of the axis that is at most
 ``chunk``: a 2-D leaf of 128 x 128 is four 64 x 64 tiles, a vector of 100 is
-two chunks of 50. The functions here are the same cut as
-``gradcomp.optimizers.demo``'s (``tests/test_topk_chunk.py`` checks that they
-agree), at the kernel layer so that compressors may use it.
+two chunks of 50. DeMo's optimizer and the chunked top-k both use this one
+cut, at the kernel layer so that compressors may use it
+(``tests/test_topk_chunk.py`` checks it against an independent reference).
 """
 
 from __future__ import annotations

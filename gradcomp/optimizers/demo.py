@@ -23,6 +23,9 @@ import optax
 
 from gradcomp.compressors import axes, checks, exchange
 from gradcomp.kernels import numerics
+from gradcomp.kernels.tiles import chunk_size as chunk_size
+from gradcomp.kernels.tiles import matrix_shape as matrix_shape
+from gradcomp.kernels.tiles import tile_shape as tile_shape
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -55,41 +58,6 @@ def dct_matrix(n: int) -> np.ndarray:
   d[0] /= np.sqrt(2.0)
   d.setflags(write=False)
   return d
-
-
-def chunk_size(n: int, chunk: int) -> int:
-  """The largest divisor of ``n`` that is at most ``chunk`` (``n`` when smaller).
-
-  Examples:
-    >>> from gradcomp.optimizers.demo import chunk_size
-    >>> chunk_size(128, 64), chunk_size(100, 64), chunk_size(17, 64), chunk_size(17, 8)
-    (64, 50, 17, 1)
-  """
-  best = 1
-  for d in range(1, math.isqrt(n) + 1):
-    if n % d == 0:
-      for divisor in (d, n // d):
-        if best < divisor <= chunk:
-          best = divisor
-  return best
-
-
-def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
-  """The matrix a leaf is tiled as: ``(1, d)`` for a vector, ``(1, 1)`` for a scalar.
-
-  A leaf of more than two dimensions is ``(prod(shape[:-1]), shape[-1])``.
-  """
-  if len(shape) == 0:
-    return 1, 1
-  if len(shape) == 1:
-    return 1, shape[0]
-  return math.prod(shape[:-1]), shape[-1]
-
-
-def tile_shape(shape: Sequence[int], chunk: int) -> tuple[int, int]:
-  """``(h, w)`` of the tiles of a leaf; a vector's tiles are ``(1, w)`` chunks."""
-  rows, cols = matrix_shape(shape)
-  return chunk_size(rows, chunk), chunk_size(cols, chunk)
 
 
 def chunked_dct(x: jax.Array, chunk: int) -> jax.Array:
