@@ -3,6 +3,7 @@
 Example::
 
   python -m bench compress --model resnet50 --repeats 7 --only topk,dgc
+  python -m bench floor --model resnet50 --repeats 9
   python -m bench sketch
   python -m bench fusion --models resnet20,resnet50 --compressor topk
   python -m bench search
@@ -62,6 +63,22 @@ def _compress(args: argparse.Namespace) -> None:
     )
   except ValueError as e:
     raise SystemExit(f"python -m bench compress: error: {e}") from None
+
+
+def _floor(args: argparse.Namespace) -> None:
+  from bench import floor
+
+  try:
+    floor.run(
+      model=args.model,
+      repeats=args.repeats,
+      only=args.only,
+      out_dir=args.out,
+      warmup=args.warmup,
+      with_peers=not args.no_peers,
+    )
+  except ValueError as e:
+    raise SystemExit(f"python -m bench floor: error: {e}") from None
 
 
 def _sketch(args: argparse.Namespace) -> None:
@@ -589,6 +606,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     "compiles)",
   )
   p.set_defaults(func=_compress)
+  fl = suites.add_parser(
+    "floor",
+    help="issue 43's seven codecs fused against one read + write of the gradient "
+    "(x * -1, donated), interleaved in one process, and their peers",
+  )
+  fl.add_argument("--model", default="resnet50", choices=sorted(shapes.MODELS))
+  fl.add_argument("--repeats", type=int, default=9, help="interleaved rounds")
+  fl.add_argument("--warmup", type=int, default=1, help="untimed calls after the first")
+  fl.add_argument("--only", default=None, help="comma-separated codec labels")
+  fl.add_argument("--out", default="bench_out/", help="directory for floor.json")
+  fl.add_argument("--no-peers", action="store_true", help="skip the peers")
+  fl.set_defaults(func=_floor)
   s = suites.add_parser(
     "sketch", help="Count Sketch / sketch_topk stages: time and peak memory"
   )

@@ -1,0 +1,277 @@
+"""Each codec's fused time on a model's gradient against the memory floor.
+
+The floor is one read and one write of the gradient: ``x * -1`` on the fused
+gradient (one float32 buffer of ``d`` values), jitted with the gradient donated,
+so the output is written over the input in place. No program that looks at every
+value and writes a dense output can take less: it must stream ``4d`` bytes in
+and ``4d`` bytes out (100 MB each for ResNet-50, far over the 32 MB L3 here).
+``x * 1`` would not do: XLA folds it to the identity, which moves nothing
+(donated, it is a no-op). A plain copy into a fresh buffer would measure first
+touch page faults (``PERFORMANCE_NOTES.md``), not bandwidth.
+
+Each codec runs as ``bench compress``'s fused layout (:func:`compress.
+layout_contender`): one worker (``axis_name=None``: compress + decompress, no
+collective), the whole gradient one pre-flattened 1-D buffer (a tree of one
+leaf: LayerFusion's ``plan="single"`` in its per-buffer form, so a scale, a
+norm or a selection budget is one for the buffer), gradient and state donated,
+the state fed back. Each row interleaves the floor, the codec and its naive-JAX
+peers (``peers.py``; PyTorch's too where it is installed, ``torch_peers.py``)
+call by call (:func:`timing.interleaved`), so the row's multiple of the floor
+and its ratio to the peers compare programs timed in the same rounds of the
+same process, not two moments of a shared machine.
+
+Run: ``python -m bench floor [--model resnet50] [--repeats 9]``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bench import compress, peers, timing, torch_peers
+from bench.output import write_json
+from gradcomp.models import shapes as shapes_lib
+
+CODECS = (
+  "qsgd",
+  "sketch_topk",
+  "powersgd",
+  "dgc",
+  "threshold_quantize",
+  "ef_signsgd",
+  "randomk",
+)
+"""The rows: issue 43's seven codecs, as ``bench compress`` labels."""
+
+TARGET = 6.0
+"""Issue 43's target: each codec's fused time within this multiple of the floor."""
+
+PEER_TARGET = 0.8
+"""Issue 43's target for random-k, DGC, PowerSGD: this fraction of the best peer."""
+
+_PEER_LAYOUTS = ("per_tensor", "one_buffer")
+
+
+def floor_contender(grads, *, warmup: int = 1) -> compress.Contender:
+  """One read and one write of every gradient value: ``x * -1``, donated."""
+  return compress._update_contender(
+    lambda g, s: (jax.tree.map(lambda x: x * jnp.float32(-1.0), g), s),
+    (),
+    grads,
+    warmup,
+  )
+
+
+def _contenders(label, layer, fused, warmup, with_peers, with_torch):
+  """``(name, build)`` of the row: the floor, the codec fused, its peers."""
+  (cfg,) = compress.select([label])
+  out = [
+    ("floor", lambda: floor_contender(fused, warmup=warmup)),
+    ("fused", lambda: compress.layout_contender(cfg, fused, warmup=warmup)),
+  ]
+  if not (with_peers and label in peers.PEERS):
+    return out
+  # The peer doing the same work: with error feedback where gradcomp's row has it.
+  ef = peers.PEERS[label][2]
+  trees = {"per_tensor": list(layer.values()), "one_buffer": list(fused.values())}
+  for layout in _PEER_LAYOUTS:
+    out.append(
+      (
+        f"jax_{layout}",
+        lambda t=trees[layout]: compress.peer_contender(label, ef, t, warmup=warmup),
+      )
+    )
+  if with_torch and label in torch_peers.LABELS:
+    import numpy as np  # noqa: PLC0415
+
+    for layout in _PEER_LAYOUTS:
+      arrays = [np.asarray(t) for t in trees[layout]]
+      out.append(
+        (
+          f"torch_{layout}",
+          lambda a=arrays: compress.Contender(
+            *torch_peers.contender(label, ef, a, warmup=warmup)
+          ),
+        )
+      )
+  return out
+
+
+def run(
+  model: str = "resnet50",
+  repeats: int = 9,
+  only: str | Sequence[str] | None = None,
+  out_dir: str = "bench_out",
+  warmup: int = 1,
+  with_peers: bool = True,
+  shape_list: Sequence[tuple[str, tuple[int, ...]]] | None = None,
+  log=sys.stderr,
+) -> dict[str, Any]:
+  """Times the floor, each codec fused and its peers; writes ``floor.json``.
+
+  Args:
+    model: a :data:`gradcomp.models.shapes.MODELS` key, the gradient's shapes.
+    repeats: interleaved rounds per row (medians of this many calls).
+    only: comma-separated labels among :data:`CODECS` (default: all).
+    out_dir: where ``floor.json`` goes.
+    warmup: untimed calls after the first (compiling) one.
+    with_peers: time the naive-JAX (and, where installed, PyTorch) peers.
+    shape_list: ``(name, shape)`` pairs instead of ``model``'s (tests).
+    log: the progress stream.
+
+  Returns:
+    The JSON record: per row the floor's and the codec's median ms in the
+    same rounds, their ratio (``multiple``), and the peers' medians.
+  """
+  if repeats < 1:
+    raise ValueError(f"repeats must be >= 1, got {repeats}")
+  labels = _labels(only)
+  with_torch = with_peers and torch_peers.available()
+  if with_peers and not with_torch:
+    print("# PyTorch is not installed: only the naive-JAX peers", file=log)
+  if shape_list is None:
+    shape_list = shapes_lib.MODELS[model]()
+  d = shapes_lib.total_size(shape_list)
+  t0 = time.perf_counter()
+  load_start = list(os.getloadavg())
+  layer = shapes_lib.make_tree(shape_list)
+  fused = {"fused": jnp.concatenate([x.ravel() for x in layer.values()])}
+  print(
+    f"# floor: {model}, {len(shape_list)} tensors, d={d:,}; load {load_start}",
+    file=log,
+    flush=True,
+  )
+  rows = []
+  for label in labels:
+    built, row = [], {"label": label}
+    for name, make in _contenders(label, layer, fused, warmup, with_peers, with_torch):
+      try:
+        built.append((name, make()))
+      except Exception as e:  # noqa: BLE001  (report, keep going)
+        row[name] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+    times = timing.interleaved([(c.prepare, c.call) for _, c in built], repeats)
+    for (name, c), t in zip(built, times, strict=True):
+      res = c.result(t)
+      res.pop("times_ms")
+      row[name] = {**res, "times_ms": [round(x, 4) for x in t]}
+    del built
+    gc.collect()
+    _ratios(row)
+    rows.append(row)
+    print(f"  {_line(row)}", file=log, flush=True)
+  floors = [r["floor"]["median_ms"] for r in rows if "median_ms" in r["floor"]]
+  result = {
+    "suite": "floor",
+    "model": model,
+    "num_tensors": len(shape_list),
+    "num_params": d,
+    "floor_program": "x * -1 on the fused gradient, donated (one read, one write)",
+    "floor_bytes": 8 * d,
+    "floor_ms": statistics.median(floors) if floors else None,
+    "target_multiple": TARGET,
+    "peer_target": PEER_TARGET,
+    "repeats": repeats,
+    "warmup": warmup,
+    "with_torch": with_torch,
+    "machine": compress.machine_info(),
+    "loadavg_start": load_start,
+    "loadavg_end": list(os.getloadavg()),
+    "wall_s": time.perf_counter() - t0,
+    "rows": rows,
+  }
+  print(format_table(result))
+  path = write_json(out_dir, "floor.json", result)
+  print(f"\nwrote {path} ({result['wall_s']:.0f} s)")
+  return result
+
+
+def _labels(only) -> list[str]:
+  if not only:
+    return list(CODECS)
+  labels = only.split(",") if isinstance(only, str) else list(only)
+  labels = [x.strip() for x in labels if x.strip()]
+  unknown = sorted(set(labels) - set(CODECS))
+  if unknown or not labels:
+    raise ValueError(f"unknown codec label(s) {unknown}; known: {', '.join(CODECS)}")
+  return labels
+
+
+def _ratios(row: dict[str, Any]) -> None:
+  """The row's multiple of the floor and its ratio to the best peer, in place."""
+  floor, ours = row["floor"].get("median_ms"), row["fused"].get("median_ms")
+  row["multiple"] = None if floor is None or ours is None else ours / floor
+  peer_times = {
+    k: v["median_ms"]
+    for k, v in row.items()
+    if k.startswith(("jax_", "torch_")) and "median_ms" in v
+  }
+  if peer_times and ours is not None:
+    best = min(peer_times, key=peer_times.get)
+    row["best_peer"] = best
+    row["vs_best_peer"] = ours / peer_times[best]
+
+
+def _ms(x: float | None) -> str:
+  return "" if x is None else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def _line(row: dict[str, Any]) -> str:
+  m = row.get("multiple")
+  peer = row.get("vs_best_peer")
+  return (
+    f"{row['label']:>18}: floor {_ms(row['floor'].get('median_ms'))} ms, "
+    f"fused {_ms(row['fused'].get('median_ms')) or row['fused'].get('error')} ms"
+    + ("" if m is None else f" = {m:.1f}x")
+    + ("" if peer is None else f"; vs best peer {peer:.2f}")
+  )
+
+
+def format_table(result: dict[str, Any]) -> str:
+  """Markdown table of a :func:`run` result."""
+  m = result["machine"]
+  lines = [
+    f"fused codecs on the {result['model']} gradient ({result['num_params']:,} fp32, "
+    f"one buffer, one worker) against one read + write of it, medians of "
+    f"{result['repeats']} interleaved rounds",
+    f"{m['backend']} ({m['device_kind']}), {m['cpu_count']} CPUs, jax "
+    f"{m['jax_version']}; load {result['loadavg_start']} -> {result['loadavg_end']}",
+    "",
+    "| codec | floor ms | fused ms | multiple | JAX per tensor / one buffer "
+    "| PyTorch per tensor / one buffer | fused / best peer |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+  ]
+  for row in result["rows"]:
+    peer = [
+      " / ".join(
+        _ms(row.get(f"{who}_{lay}", {}).get("median_ms")) or "—"
+        for lay in _PEER_LAYOUTS
+      )
+      if f"{who}_per_tensor" in row or f"{who}_one_buffer" in row
+      else "—"
+      for who in ("jax", "torch")
+    ]
+    mult = row.get("multiple")
+    vs = row.get("vs_best_peer")
+    lines.append(
+      f"| {row['label']} | {_ms(row['floor'].get('median_ms')) or 'error'} "
+      f"| {_ms(row['fused'].get('median_ms')) or 'error'} "
+      f"| {'' if mult is None else f'{mult:.1f}x'} | {peer[0]} | {peer[1]} "
+      f"| {'' if vs is None else f'{vs:.2f}'} |"
+    )
+  errors = [
+    f"- {row['label']} ({k}): {v['error']}"
+    for row in result["rows"]
+    for k, v in row.items()
+    if isinstance(v, dict) and "error" in v
+  ]
+  if errors:
+    lines += ["", "errors:", *errors]
+  return "\n".join(lines)
