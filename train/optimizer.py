@@ -351,19 +351,9 @@ _ZERO_ONE_FIELDS = (
 
 #: ``config.optimizer.clip_scope``: whose gradient ``clip_norm`` clips.
 CLIP_SCOPES = ("worker", "mean")
-#: Schemes whose local optimizer (``config.optimizer``) steps on each worker's
-#: own gradient, before any exchange: its clipping is the worker's.
-WORKER_CHAIN_SCHEMES = (
-  "local_sgd",
-  "sparseloco",
-  "easgd",
-  "gossip",
-  "gosgd",
-  "edgegossip",
-)
 
 
-def clip_scope(config, scheme: str | None = None) -> str:
+def clip_scope(config, scheme) -> str:
   """Whose gradient ``config.optimizer.clip_norm`` clips: ``"worker"`` or ``"mean"``.
 
   ``config.optimizer.clip_scope``:
@@ -373,8 +363,9 @@ def clip_scope(config, scheme: str | None = None) -> str:
     synchronous training the clip sits before the compressor
     (:func:`worker_clipped`) and the exchanged mean is not clipped again;
     an optimizer that exchanges its own momentum (:data:`SELF_EXCHANGING`)
-    and the inner optimizer of a scheme in :data:`WORKER_CHAIN_SCHEMES`
-    (DiLoCo's, MuLoCo's, SparseLoCo's inner steps) clip there already. The
+    and the inner optimizer of a scheme whose ``optimizer_steps_on`` is
+    ``"worker"`` (DiLoCo's, MuLoCo's, SparseLoCo's inner steps) clip there
+    already. The
     one rule every method can follow: the transformer study
     (``bench/study.py``, DESIGN §11) sets it.
   - ``"mean"``: synchronous training clips the exchanged mean, after the
@@ -387,17 +378,20 @@ def clip_scope(config, scheme: str | None = None) -> str:
 
   Args:
     config: the run's config.
-    scheme: ``config.scheme.name``; ``None`` reads it from ``config``.
+    scheme: the run's scheme class or instance
+      (``train.schemes.base.Scheme``): its ``name`` and whether its
+      optimizer steps on each worker's own gradient or on an exchanged one
+      (``optimizer_steps_on``).
 
   Raises:
     ValueError: a scope not in :data:`CLIP_SCOPES`, or one the method cannot
       follow (``"mean"`` where no mean gradient exists, ``"worker"`` where a
       scheme exchanges before its optimizer steps), naming the field.
   """
-  scheme = scheme_name(config) if scheme is None else scheme
   cfg = config.optimizer
   scope = cfg.get("clip_scope")
-  own = exchanges_itself(cfg) or scheme in WORKER_CHAIN_SCHEMES
+  own = exchanges_itself(cfg) or scheme.optimizer_steps_on == "worker"
+  scheme = scheme.name
   natural = "worker" if own else "mean"
   if scope is None:
     return natural
@@ -425,7 +419,7 @@ def clip_scope(config, scheme: str | None = None) -> str:
   )
 
 
-def check_clip_scope(config, scheme: str) -> None:
+def check_clip_scope(config, scheme) -> None:
   """Raises ``ValueError`` unless ``config.optimizer.clip_scope`` can run as set.
 
   :func:`clip_scope`'s checks; and a synchronous chain clips each worker's
@@ -445,7 +439,7 @@ def check_clip_scope(config, scheme: str) -> None:
     )
 
 
-def clips_before_exchange(config, scheme: str | None = None) -> bool:
+def clips_before_exchange(config, scheme) -> bool:
   """Whether synchronous training clips each worker's gradient before its compressor.
 
   ``config.optimizer.clip_scope="worker"`` with ``clip_norm`` set, scheme
@@ -453,24 +447,23 @@ def clips_before_exchange(config, scheme: str | None = None) -> bool:
   :func:`worker_clipped` clips before the exchange and the local optimizer
   (``local_optimizer(..., clip=False)``) does not clip the mean.
   """
-  scheme = scheme_name(config) if scheme is None else scheme
   cfg = config.optimizer
   return (
-    scheme == "none"
+    scheme.name == "none"
     and not exchanges_itself(cfg)
     and cfg.get("clip_norm") is not None
     and clip_scope(config, scheme) == "worker"
   )
 
 
-def worker_clipped(config, fused) -> optax.GradientTransformation:
+def worker_clipped(config, scheme, fused) -> optax.GradientTransformation:
   """``fused`` (the exchange) after each worker clips its own gradient, if it must.
 
   ``chain(clip_by_global_norm(clip_norm), fused)`` when
   :func:`clips_before_exchange`, else ``fused`` itself (the same
   transformation and state as before ``clip_scope`` existed).
   """
-  if not clips_before_exchange(config):
+  if not clips_before_exchange(config, scheme):
     return fused
   return optax.chain(*_clipping(config.optimizer), fused)
 
@@ -564,7 +557,7 @@ def exchanges_itself(cfg) -> bool:
   return cfg.get("name", "sgd") in SELF_EXCHANGING
 
 
-def check_self_exchanging(config, scheme: str) -> None:
+def check_self_exchanging(config, scheme) -> None:
   """Raises ``ValueError`` unless a self-exchanging optimizer runs as it must.
 
   Synchronous data parallelism only, no compressor before it (it compresses
@@ -574,8 +567,9 @@ def check_self_exchanging(config, scheme: str) -> None:
   ``config.optimizer.clip_scope`` (:func:`check_clip_scope`),
   ``config.optimizer.mask_decay`` (:func:`decay_mask_of`) and Muon's mesh.
   """
-  check_warmup(config, scheme)
+  check_warmup(config, scheme.name)
   check_clip_scope(config, scheme)
+  scheme = scheme.name
   cfg = config.optimizer
   decay_mask_of(cfg, None)
   if cfg.get("name") == "muon":
@@ -748,9 +742,9 @@ def local_optimizer(
 ) -> list[optax.GradientTransformation]:
   """The local optimizer: [clipping], then SGD (+ weight decay), AdamW or Muon.
 
-  In synchronous training it steps on the exchanged mean; in a scheme of
-  :data:`WORKER_CHAIN_SCHEMES` on each worker's own gradient (the inner
-  optimizer). ``cfg.clip_norm`` clips the global norm of what it receives,
+  In synchronous training it steps on the exchanged mean; in a scheme
+  whose ``optimizer_steps_on`` is ``"worker"``, on each worker's own
+  gradient (the inner optimizer). ``cfg.clip_norm`` clips the global norm of what it receives,
   unless ``clip=False`` (synchronous training with
   ``clip_scope="worker"``, whose workers clipped before the compressor:
   :func:`clips_before_exchange`). ``sgd`` adds ``cfg.weight_decay * params``

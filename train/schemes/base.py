@@ -80,6 +80,12 @@ class Scheme:
       alone, to neighbours or a server: a codec whose exchange needs a
       global reduction is replaced by dense, with a log line) or ``None``
       (the scheme exchanges params densely; a compressor is ignored).
+    optimizer_steps_on: whose gradient ``config.optimizer`` steps on:
+      ``"mean"`` (an exchanged mean, or a server's: synchronous training,
+      CD-SGD's server, the parameter servers) or ``"worker"`` (each
+      worker's own, before anything is exchanged: the inner steps of the
+      periodic and decentralised schemes). It decides where
+      ``config.optimizer.clip_norm`` can clip (``train.optimizer.clip_scope``).
   """
 
   name: ClassVar[str] = "none"
@@ -88,6 +94,7 @@ class Scheme:
   required: ClassVar[Mapping[str, Any]] = {}
   program_fields: ClassVar[tuple[str, ...]] = ()
   sends_compressor: ClassVar[str | None] = "fused"
+  optimizer_steps_on: ClassVar[str] = "mean"
   #: Fields of ``config.scheme`` that build ``outer`` (DiLoCo's Nesterov SGD).
   _OUTER_FIELDS: ClassVar[tuple[str, ...]] = ("outer_learning_rate", "outer_momentum")
 
@@ -112,7 +119,7 @@ class Scheme:
         example value.
     """
     factors_lib.check(config)  # Sufficient factors: synchronous training only.
-    optimizer_lib.check_self_exchanging(config, cls.name)
+    optimizer_lib.check_self_exchanging(config, cls)
     cfg = config.get("scheme")
     updates = {}
     for field, default in cls.defaults.items():
@@ -181,7 +188,7 @@ class Scheme:
     It clips unless the workers clipped before the compressor
     (``config.optimizer.clip_scope="worker"``, synchronous training).
     """
-    clip = not optimizer_lib.clips_before_exchange(self.config, self.name)
+    clip = not optimizer_lib.clips_before_exchange(self.config, self)
     return optimizer_lib.local_optimizer(self.config.optimizer, total_steps, clip=clip)
 
   def wrap(self, local, fused, codec) -> optax.GradientTransformation:
@@ -375,7 +382,7 @@ def build_optimizer(
   # config.compressor.warmup_steps: the dense mean first (outside the plan).
   fused = optimizer_lib.warmed(config, fused, spec.exchange_axis)
   # config.optimizer.clip_scope="worker": each worker clips before the exchange.
-  fused = optimizer_lib.worker_clipped(config, fused)
+  fused = optimizer_lib.worker_clipped(config, scheme, fused)
   if mask is not None:
     fused = optax.masked(fused, mask)
   if scheme.factory is None:  # Synchronous: the compressor, then the optimizer.

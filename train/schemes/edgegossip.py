@@ -28,6 +28,7 @@ class EdgeGossip(Scheme):
   """GoSGD (``p``, required as for ``gosgd``) on per-worker shards with EdgeGossip's epochs."""
 
   name = edgegossip_lib.NAME
+  optimizer_steps_on = "worker"
   factory = staticmethod(gradcomp.gosgd)
   required = {"p": 0.5}
   program_fields = edgegossip_lib.FIELDS

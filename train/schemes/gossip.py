@@ -22,6 +22,7 @@ class Gossip(Scheme):
   """
 
   name = "gossip"
+  optimizer_steps_on = "worker"
   factory = staticmethod(gradcomp.gossip)
   defaults = {"topology": "ring"}
   sends_compressor = "per_leaf"
@@ -46,6 +47,7 @@ class GoSGD(Scheme):
   """
 
   name = "gosgd"
+  optimizer_steps_on = "worker"
   factory = staticmethod(gradcomp.gosgd)
   required = {"p": 0.5}
   sends_compressor = None

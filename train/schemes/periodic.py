@@ -61,6 +61,7 @@ class LocalSGD(_Rounds):
   """
 
   name = "local_sgd"
+  optimizer_steps_on = "worker"
   factory = staticmethod(gradcomp.local_sgd)
   defaults = {"every": 8}
 
@@ -168,6 +169,7 @@ class SparseLoCo(_Rounds):
   """
 
   name = "sparseloco"
+  optimizer_steps_on = "worker"
   factory = staticmethod(sparseloco_lib.sparseloco)
   defaults = {"every": 8}
   required = {"k": 64, "outer_learning_rate": 1.0}
@@ -239,6 +241,7 @@ class EASGD(_Rounds):
   """
 
   name = "easgd"
+  optimizer_steps_on = "worker"
   factory = staticmethod(gradcomp.easgd)
   defaults = {"alpha": lambda workers: 0.9 / workers}
   sends_compressor = None
