@@ -34,6 +34,38 @@ class DGCLeafState(NamedTuple):
   velocity: jax.Array  # leaf shape, float32: v, accumulated and not yet sent.
 
 
+def warmup_schedule(ratio: float, warmup_steps: int) -> tuple[list[float], int]:
+  """``(densities, steps per stage)`` of the exponential warm-up (§3.3).
+
+  The :data:`WARMUP_DENSITIES` above ``ratio``, then ``ratio``; each stage
+  lasts ``warmup_steps // (stages - 1)`` steps (at least 1). Without a
+  warm-up, ``([ratio], 1)``.
+  """
+  densities = [d for d in WARMUP_DENSITIES if d > ratio] if warmup_steps else []
+  densities.append(ratio)
+  return densities, max(1, warmup_steps // max(1, len(densities) - 1))
+
+
+def sample_size(sample_ratio: float, size: int) -> int:
+  """Positions sampled for a leaf's threshold: at least :data:`MIN_SAMPLE` (or all).
+
+  A tiny sample's quantile is noise.
+  """
+  return max(MIN_SAMPLE, math.ceil(sample_ratio * size))
+
+
+def clipped(g: jax.Array, clip_norm: float | None, n: int) -> jax.Array:
+  """Local clipping of a leaf to ``clip_norm / sqrt(n)`` (§3.4), overflow-free.
+
+  With ``||g|| = p * root``, ``g * c / ||g|| = (g / p) * (c / root)``.
+  """
+  if clip_norm is None:
+    return g
+  c = clip_norm / math.sqrt(n)
+  p, root = numerics.scaled_norm(g)
+  return jnp.where(root > c / p, g / p * (c / root), g)
+
+
 def dgc_codec(
   ratio: float,
   momentum: float,
@@ -43,9 +75,7 @@ def dgc_codec(
   axis_name: exchange.AxisName,
 ) -> LeafCodec:
   """The DGC memory and sparsifier of one leaf."""
-  densities = [d for d in WARMUP_DENSITIES if d > ratio] if warmup_steps else []
-  densities.append(ratio)
-  stage_steps = max(1, warmup_steps // max(1, len(densities) - 1))
+  densities, stage_steps = warmup_schedule(ratio, warmup_steps)
 
   def init(leaf, key):
     del key
@@ -58,12 +88,8 @@ def dgc_codec(
   def apply(g, state, key, step):
     shape, size = g.shape, g.size
     n = exchange.num_workers(axis_name)
-    if clip_norm is not None:
-      # Local clipping: each worker's share of the global norm (§3.4). With
-      # ||g|| = p * root (overflow-free), g * c / ||g|| = (g / p) * (c / root).
-      c = clip_norm / math.sqrt(n)
-      p, root = numerics.scaled_norm(g)
-      g = jnp.where(root > c / p, g / p * (c / root), g)
+    # Local clipping: each worker's share of the global norm (§3.4).
+    g = clipped(g, clip_norm, n)
     old_u, old_v = state.momentum, state.velocity
     # memory.py's per-coordinate policy: a gradient coordinate that would
     # make the momentum non-finite counts as 0, and a velocity coordinate
@@ -75,13 +101,12 @@ def dgc_codec(
     # (77 of 96 ms on the ResNet-50 buffer, BUILD_NOTES issue 18).
     u = memory.corrected(momentum * old_u, g)
     v = memory.corrected(old_v, u)
-    # At least MIN_SAMPLE positions (or all): a tiny sample's quantile is noise.
-    sample_size = max(MIN_SAMPLE, math.ceil(sample_ratio * size))
+    sampled = sample_size(sample_ratio, size)
 
     def exchange_at(density):
       def run(v):
         k = checks.keep_count(density, size)
-        values, indices = threshold_top_k(v.reshape(-1), k, sample_size)
+        values, indices = threshold_top_k(v.reshape(-1), k, sampled)
         return sparse.gather_mean(values, indices, shape, axis_name), indices
 
       return run

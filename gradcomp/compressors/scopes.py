@@ -31,8 +31,11 @@ from types import MappingProxyType
 
 import optax
 
+from gradcomp.compressors.dgc_groups import dgc_per_leaf
 from gradcomp.compressors.powersgd_groups import powersgd_per_leaf
+from gradcomp.compressors.randomk_groups import randomk_per_leaf
 from gradcomp.compressors.spec import spec_of
+from gradcomp.compressors.topk_groups import topk_per_leaf
 
 ELEMENT = "element"
 LEAF = "leaf"
@@ -70,6 +73,9 @@ DECLARED = MappingProxyType(
 #: from the compressor's own arguments.
 _PER_LEAF_FORMS: dict[str, Callable[..., optax.GradientTransformation]] = {
   "powersgd": powersgd_per_leaf,
+  "randomk": randomk_per_leaf,
+  "dgc": dgc_per_leaf,
+  "topk": topk_per_leaf,  # with per_leaf=True or chunk=C (LEAF by scope_of)
 }
 
 
@@ -92,6 +98,8 @@ def scope_of(tx: optax.GradientTransformation) -> str | None:
     return None
   if dict(spec.arguments).get("per_leaf") is True:
     return LEAF
+  if spec.name == "topk" and dict(spec.arguments).get("chunk") is not None:
+    return LEAF  # SparseLoCo's tiles are cut from each leaf on its own
   return DECLARED.get(spec.name)
 
 

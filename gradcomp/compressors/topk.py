@@ -40,6 +40,7 @@ def topk(
   chunk: int | None = None,
   value_bits: int = 32,
   ef_decay: float = 1.0,
+  per_leaf: bool = False,
 ) -> optax.GradientTransformation:
   """Magnitude top-k with error feedback; payloads are all-gathered.
 
@@ -112,6 +113,14 @@ def topk(
       scale), or 32 (float32).
     ef_decay: the error-feedback memory's decay :math:`\\beta` in [0, 1]
       (1: nothing forgotten); must be 1 without error feedback.
+    per_leaf: select per layer under ``gradcomp.layerfusion`` too: each
+      leaf of a fused group keeps its own ``k`` (and its own tiles), bit for
+      bit as the layer-wise plan
+      (``gradcomp.compressors.topk_groups.topk_per_leaf``, one segmented
+      selection and one all-gather per group). ``False``: a fused group is
+      one unit, its top ``k`` chosen across its leaves (the seed's fused
+      top-k), unless ``chunk`` is set (tiles never straddle two leaves).
+      Leaf by leaf, without fusion, both are the same compressor.
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -169,6 +178,18 @@ def topk(
     2025, arXiv 2508.15706, §3 and Alg. 1; Templar,
     https://github.com/tplr-ai/templar (``src/tplr/compress/topk.py``).
   """
+  if per_leaf is not False:
+    if per_leaf is not True:
+      raise ValueError(f"per_leaf must be True or False, got {per_leaf!r}")
+    return _per_leaf_topk(
+      ratio,
+      axis_name=axis_name,
+      error_feedback=error_feedback,
+      chunk=chunk,
+      value_bits=value_bits,
+      ef_decay=ef_decay,
+      per_leaf=True,
+    )
   if chunk is None and value_bits == 32 and ef_decay == 1.0:
     # Today's compressor, recorded with today's arguments (its label, which
     # profiles and plans carry, stays "topk(error_feedback=..., ratio=...)").
@@ -206,16 +227,37 @@ def _tiled_topk(
   return _build(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay)
 
 
-# Both recorded under the public name: spec_of(tx).name is "topk" either way,
+def _per_leaf_topk(
+  ratio: float,
+  *,
+  axis_name: exchange.AxisName = None,
+  error_feedback: bool = True,
+  chunk: int | None = None,
+  value_bits: int = 32,
+  ef_decay: float = 1.0,
+  per_leaf: bool = True,
+) -> optax.GradientTransformation:
+  """:func:`topk` with ``per_leaf=True``: recorded with it (the scope it declares)."""
+  del per_leaf
+  return _build(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay)
+
+
+# All recorded under the public name: spec_of(tx).name is "topk" either way,
 # and spec_of(tx).build(axis_name=...) rebuilds through the same one.
 _flat_topk.__name__ = _flat_topk.__qualname__ = "topk"
 _tiled_topk.__name__ = _tiled_topk.__qualname__ = "topk"
+_per_leaf_topk.__name__ = _per_leaf_topk.__qualname__ = "topk"
 _flat_topk = recorded(_flat_topk)
 _tiled_topk = recorded(_tiled_topk)
+_per_leaf_topk = recorded(_per_leaf_topk)
 
 
-def _build(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay):
-  """Validates the arguments and builds the transformation."""
+def checked_arguments(ratio, error_feedback, chunk, value_bits, ef_decay):
+  """``(ratio, chunk, value_bits, ef_decay)`` checked as :func:`topk` checks them.
+
+  Raises:
+    ValueError: a hyper-parameter out of its range, naming it.
+  """
   ratio = checks.fraction("ratio", ratio)
   if chunk is not None:
     chunk = checks.at_least("chunk", chunk, 1)
@@ -226,6 +268,14 @@ def _build(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay):
       f"ef_decay decays the error-feedback memory: it must be 1.0 with "
       f"error_feedback=False, got {ef_decay!r}"
     )
+  return ratio, chunk, value_bits, ef_decay
+
+
+def _build(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay):
+  """Validates the arguments and builds the transformation."""
+  ratio, chunk, value_bits, ef_decay = checked_arguments(
+    ratio, error_feedback, chunk, value_bits, ef_decay
+  )
   if chunk is None and value_bits == 32:
     apply = _flat_apply(ratio, axis_name)
   else:
@@ -328,6 +378,62 @@ def dequantize(codes: jax.Array, step: jax.Array, bits: int) -> jax.Array:
   return jnp.clip(out, -_FLOAT32_MAX, _FLOAT32_MAX)
 
 
+def tiled_payload(t: jax.Array, positions: jax.Array, value_bits: int):
+  """``(payload, sent)`` of one leaf's tiles ``t`` and chosen ``positions``.
+
+  ``payload``: the packed positions (``index_bits`` each) and the float32
+  values, or the packed ``value_bits`` codes and each tile's step; ``sent``:
+  the values as the receivers decode them.
+  """
+  values = jnp.take_along_axis(t, positions, axis=-1)
+  packed_positions = bitfields.pack(positions, index_bits(t.shape[1]))
+  if value_bits == 32:
+    return (packed_positions, values), values
+  codes, steps = quantize(values, value_bits)
+  sent = dequantize(codes, steps, value_bits)
+  return (packed_positions, bitfields.pack(codes, value_bits), steps), sent
+
+
+def tiled_decode(payload, num: int, size: int, k: int, value_bits: int):
+  """``(flat positions in the tiled leaf, values)`` of one worker's payload."""
+  where = bitfields.unpack(payload[0], index_bits(size), num * k)
+  where = where.reshape(num, k).astype(jnp.int32)
+  if value_bits == 32:
+    got = payload[1]
+  else:
+    got = dequantize(
+      bitfields.unpack(payload[1], value_bits, num * k).reshape(num, k),
+      payload[2],
+      value_bits,
+    )
+  flat = jnp.arange(num, dtype=jnp.int32)[:, None] * size + where
+  return flat.reshape(-1), got.reshape(-1)
+
+
+def tiled_dense(flat, got, n: int, shape, chunk, num: int, size: int) -> jax.Array:
+  """The leaf's dense sum of decoded ``(flat, got)`` pairs, each divided by ``n``."""
+  zeros = jnp.zeros((num * size,), jnp.float32)
+  return tiles.from_tiles(zeros.at[flat].add(got * (1.0 / n)), shape, chunk)
+
+
+def tiled_mean(payload, shape, chunk, num, size, k, value_bits, axis_name):
+  """The leaf's mean over workers of their tiled payloads (gathered, decoded)."""
+
+  def decode(*p):
+    return tiled_decode(p, num, size, k, value_bits)
+
+  if isinstance(axis_name, exchange.Pattern):  # decoded by each receiver
+    return exchange.gathered_sum(
+      payload,
+      lambda *p: tiled_dense(*decode(*p), 1, shape, chunk, num, size),
+      axis_name,
+    )
+  n = exchange.num_workers(axis_name)
+  gathered = exchange.all_gather(payload, axis_name)
+  flat, got = jax.vmap(decode)(*gathered)
+  return tiled_dense(flat.reshape(-1), got.reshape(-1), n, shape, chunk, num, size)
+
+
 def _tiled_apply(ratio, axis_name, chunk, value_bits):
   """The chunked codec: per tile, the top k, positions and values packed."""
 
@@ -342,41 +448,8 @@ def _tiled_apply(ratio, axis_name, chunk, value_bits):
       positions = positions[None]
     else:
       _, positions = jax.lax.top_k(jnp.abs(t), k)
-    values = jnp.take_along_axis(t, positions, axis=-1)
-    ib = index_bits(size)
-    packed_positions = bitfields.pack(positions, ib)
-    if value_bits == 32:
-      sent, payload = values, (packed_positions, values)
-    else:
-      codes, steps = quantize(values, value_bits)
-      sent = dequantize(codes, steps, value_bits)
-      payload = (packed_positions, bitfields.pack(codes, value_bits), steps)
-
-    def decode(*p):
-      """``(flat positions in the tiled leaf, values)`` of one payload."""
-      where = bitfields.unpack(p[0], ib, num * k).reshape(num, k).astype(jnp.int32)
-      if value_bits == 32:
-        got = p[1]
-      else:
-        got = dequantize(
-          bitfields.unpack(p[1], value_bits, num * k).reshape(num, k),
-          p[2],
-          value_bits,
-        )
-      flat = jnp.arange(num, dtype=jnp.int32)[:, None] * size + where
-      return flat.reshape(-1), got.reshape(-1)
-
-    def dense(flat, got, n):
-      zeros = jnp.zeros((num * size,), jnp.float32)
-      return tiles.from_tiles(zeros.at[flat].add(got * (1.0 / n)), shape, chunk)
-
-    if isinstance(axis_name, exchange.Pattern):  # decoded by each receiver
-      mean = exchange.gathered_sum(payload, lambda *p: dense(*decode(*p), 1), axis_name)
-    else:
-      n = exchange.num_workers(axis_name)
-      gathered = exchange.all_gather(payload, axis_name)
-      flat, got = jax.vmap(decode)(*gathered)
-      mean = dense(flat.reshape(-1), got.reshape(-1), n)
+    payload, sent = tiled_payload(t, positions, value_bits)
+    mean = tiled_mean(payload, shape, chunk, num, size, k, value_bits, axis_name)
     rows = jnp.arange(num)[:, None]
     remainder = tiles.from_tiles(t.at[rows, positions].add(-sent), shape, chunk)
     return mean, remainder, state

@@ -96,9 +96,23 @@ def top_k_magnitude(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     raise ValueError(f"k must be in [1, {d}], got {k}")
   if k == d:
     return x, jnp.arange(d, dtype=jnp.int32)
-  if d <= _DIRECT_ALWAYS or (d <= _DIRECT_SMALL_K and 100 * k <= d):
+  if is_direct(d, k):
     return _direct_top_k(x, k)
   return _sampled_top_k(x, k, _SAMPLE_SIZE)
+
+
+def is_direct(d: int, k: int) -> bool:
+  """Whether :func:`top_k_magnitude` of ``k < d`` of ``d`` is one ``lax.top_k``.
+
+  Per-leaf selection inside a fused group batches exactly these leaves into
+  one ``lax.top_k`` per size (``gradcomp.compressors.selection_groups``).
+  """
+  return k < d and (d <= _DIRECT_ALWAYS or (d <= _DIRECT_SMALL_K and 100 * k <= d))
+
+
+def threshold_is_direct(d: int) -> bool:
+  """Whether :func:`threshold_top_k` of ``d`` values is one ``lax.top_k``."""
+  return d <= _DIRECT_ALWAYS
 
 
 def _direct_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -319,7 +333,7 @@ def threshold_top_k(
   d = x.shape[0]
   if not 1 <= k <= d:
     raise ValueError(f"k must be in [1, {d}], got {k}")
-  if d <= _DIRECT_ALWAYS:
+  if threshold_is_direct(d):
     # Small leaves: an exact top-k is cheaper to run and to compile, and it is
     # what a full sample's threshold would select.
     return _direct_top_k(x, k)

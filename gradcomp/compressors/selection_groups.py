@@ -1,0 +1,200 @@
+"""Per-leaf selection inside a fused group: the shared layout, selection and exchange.
+
+The sparsifiers' published forms choose a budget per layer: random-k's
+``k = ratio * d`` (Stich et al. 2018), DGC's sampled threshold and ``k`` per
+layer (Lin et al. 2018, §3.1), Strom's slots, and top-k where a user asks for
+per-layer selection. ``gradcomp.layerfusion`` hands their per-leaf forms
+(``randomk_groups``, ``dgc_groups``, ``topk_groups``) a tuple of groups, each
+a tuple of leaves; this module holds what they share:
+
+* :class:`GroupLayout`: where each leaf sits in its group's fused buffer (the
+  state keeps the fused layout, one buffer per group, the leaves raveled and
+  concatenated; a group of one leaf keeps the leaf's shape, as the fused form
+  does);
+* :func:`segmented_top_k`: each leaf's own top ``k_j`` of one fused buffer.
+  Leaves that a selection would hand to ``lax.top_k`` (the small ones) are
+  stacked by size, ``(leaves of size d, d)``, and selected by one batched
+  ``lax.top_k`` per size; the others run their own exact (or sampled)
+  selection on their slice. Each leaf gets the set the layer-wise plan gets,
+  ties broken as ``lax.top_k`` breaks them (lowest index first);
+* :func:`gathered_means`: the whole group's payload, every leaf's float32
+  values and int32 leaf-local indices, all-gathered as one int32 array (one
+  collective per group, the layer-wise plan's bytes), then each leaf's mean
+  scatter-added in the layer-wise plan's order (worker by worker), so the
+  float32 sums are the same bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradcomp.compressors import exchange, sparse
+
+
+class GroupLayout(NamedTuple):
+  """Static description of a group: each leaf's shape, size and offset.
+
+  ``shape`` is the shape of the group's fused buffer: the leaf's own for a
+  group of one leaf, ``(total,)`` otherwise.
+  """
+
+  shapes: tuple[tuple[int, ...], ...]
+  sizes: tuple[int, ...]
+  offsets: tuple[int, ...]
+  total: int
+  shape: tuple[int, ...]
+
+
+def layout_of(leaves: Sequence) -> GroupLayout:
+  """The :class:`GroupLayout` of a group's leaves (arrays or shape structs)."""
+  shapes = tuple(tuple(int(d) for d in jnp.shape(x)) for x in leaves)
+  sizes = tuple(math.prod(s) for s in shapes)
+  offsets = tuple(int(o) for o in np.cumsum((0,) + sizes[:-1]))
+  total = sum(sizes)
+  shape = shapes[0] if len(shapes) == 1 else (total,)
+  return GroupLayout(shapes, sizes, offsets, total, shape)
+
+
+def fuse(leaves: Sequence[jax.Array], layout: GroupLayout) -> jax.Array:
+  """The group's float32 buffer: one leaf as it is, else the raveled leaves joined."""
+  if len(leaves) == 1:
+    return leaves[0].astype(jnp.float32)
+  return jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves])
+
+
+def zeros(leaves: Sequence, layout: GroupLayout) -> jax.Array:
+  """float32 zeros shaped as the group's buffer (a leaf's: sharded like it)."""
+  if len(leaves) == 1:
+    return jnp.zeros_like(leaves[0], jnp.float32)
+  return jnp.zeros(layout.shape, jnp.float32)
+
+
+def piece(flat: jax.Array, layout: GroupLayout, j: int) -> jax.Array:
+  """Leaf ``j``'s values in a flat view of the group's buffer (1-D)."""
+  start = layout.offsets[j]
+  return flat[start : start + layout.sizes[j]]
+
+
+def split(flat: jax.Array, layout: GroupLayout) -> list[jax.Array]:
+  """The group's buffer cut back into its leaves' shapes."""
+  flat = flat.reshape(-1)
+  return [piece(flat, layout, j).reshape(s) for j, s in enumerate(layout.shapes)]
+
+
+def slot_offsets(layout: GroupLayout, ks: Sequence[int]) -> tuple[int, ...]:
+  """Where each leaf's ``k_j`` slots start in the group's payload."""
+  return tuple(int(o) for o in np.cumsum((0,) + tuple(ks[:-1])))
+
+
+def group_indices(
+  local: jax.Array, layout: GroupLayout, ks: Sequence[int]
+) -> jax.Array:
+  """Flat positions in the group's buffer of the leaves' local indices.
+
+  ``local`` holds each leaf's ``k_j`` indices in leaf order; an empty slot
+  (local index ``d_j``) maps to ``total``, past the buffer, so scatters with
+  ``mode="drop"`` skip it as they skip ``d_j`` in the leaf.
+  """
+  offsets = np.repeat(np.asarray(layout.offsets, np.int32), ks)
+  sizes = np.repeat(np.asarray(layout.sizes, np.int32), ks)
+  return jnp.where(local < sizes, local + offsets, layout.total).astype(jnp.int32)
+
+
+def segmented_top_k(
+  flat: jax.Array,
+  layout: GroupLayout,
+  ks: Sequence[int],
+  direct: Callable[[int, int], bool],
+  select: Callable[[jax.Array, int], tuple[jax.Array, jax.Array]],
+) -> tuple[jax.Array, jax.Array]:
+  """Each leaf's top ``k_j`` by magnitude, from the group's flat buffer.
+
+  A leaf with ``direct(d_j, k_j)`` is selected as ``lax.top_k`` of ``|x|`` in
+  float32 selects it (``kernels.selection``'s direct path): the leaves of one
+  size are stacked into a ``(leaves, d)`` matrix and selected by one batched
+  ``lax.top_k``, row by row the set and order of the single call. Any
+  other leaf runs ``select`` on
+  its slice (the layer-wise plan's own selection, which also decides what a
+  leaf with ``k_j = d_j`` sends). Empty leaves have no slot.
+
+  Args:
+    flat: the group's buffer, 1-D float32.
+    layout: its :class:`GroupLayout`.
+    ks: each leaf's static ``k_j`` (0 for an empty leaf).
+    direct: whether the layer-wise selection of ``(d, k)`` is one ``lax.top_k``.
+    select: the layer-wise selection ``(x, k) -> (values, indices)``.
+
+  Returns:
+    ``(values, indices)`` of ``sum(ks)`` slots, leaf after leaf: each leaf's
+    selected values and its *leaf-local* int32 indices.
+  """
+  values: list[jax.Array | None] = [None] * len(ks)
+  indices: list[jax.Array | None] = [None] * len(ks)
+  classes: dict[tuple[int, int], list[int]] = {}
+  for j, (d, k) in enumerate(zip(layout.sizes, ks, strict=True)):
+    x = piece(flat, layout, j)
+    if d == 0:
+      values[j], indices[j] = x, jnp.zeros((0,), jnp.int32)
+    elif direct(d, k):
+      classes.setdefault((d, k), []).append(j)
+    else:
+      values[j], indices[j] = select(x, k)
+  for (_, k), members in classes.items():
+    rows = jnp.stack([piece(flat, layout, j) for j in members])
+    _, at = jax.lax.top_k(jnp.abs(rows).astype(jnp.float32), k)
+    got = jnp.take_along_axis(rows, at, axis=-1)
+    for b, j in enumerate(members):
+      values[j], indices[j] = got[b], at[b].astype(jnp.int32)
+  return jnp.concatenate(values), jnp.concatenate(indices)
+
+
+def gathered_means(
+  values: jax.Array,
+  indices: jax.Array,
+  layout: GroupLayout,
+  ks: Sequence[int],
+  axis_name: exchange.AxisName,
+) -> list[jax.Array]:
+  """Each leaf's dense mean over workers of its ``(values, local indices)``.
+
+  One all-gather per group: the float32 values (bit-cast to int32) and the
+  int32 indices travel as one array of ``2 sum(k_j)`` words, 8 bytes a slot
+  as the layer-wise plan sends them. Each leaf's mean is
+  ``sparse.scatter_mean`` of its slots over the workers, in worker order.
+
+  Returns:
+    The leaves' means, shaped like the leaves, float32.
+  """
+  total_k = int(sum(ks))
+  starts = slot_offsets(layout, ks)
+  payload = jnp.concatenate(
+    [jax.lax.bitcast_convert_type(values.astype(jnp.float32), jnp.int32), indices]
+  )
+
+  def means(words: jax.Array, n: int) -> list[jax.Array]:
+    """Each leaf's mean from ``(workers, 2 K)`` payload words."""
+    out = []
+    for j, (shape, k) in enumerate(zip(layout.shapes, ks, strict=True)):
+      if k == 0:
+        out.append(jnp.zeros(shape, jnp.float32))
+        continue
+      s = starts[j]
+      v = jax.lax.bitcast_convert_type(words[:, s : s + k], jnp.float32)
+      i = words[:, total_k + s : total_k + s + k]
+      out.append(sparse.scatter_mean(v, i, shape, n))
+    return out
+
+  if isinstance(axis_name, exchange.Pattern):  # decoded by each receiver
+
+    def decode(words):
+      return jnp.concatenate([m.reshape(-1) for m in means(words[None], 1)])
+
+    return split(exchange.gathered_sum((payload,), decode, axis_name), layout)
+  gathered = exchange.all_gather(payload, axis_name)
+  return means(gathered, exchange.num_workers(axis_name))
