@@ -16,6 +16,10 @@ from jax.sharding import PartitionSpec as P
 import gradcomp
 from gradcomp.parallel import wire
 
+# One worker runs the module: its tests share the module's compiled program
+# (``records``), built once.
+pytestmark = pytest.mark.xdist_group("axis_wire")
+
 MESH = jax.make_mesh((2, 4), ("node", "local"))
 SPEC = P(("node", "local"))
 D = 64  # floats per device

@@ -31,6 +31,10 @@ from gradcomp.optimizers.demo import (
 )
 from gradcomp.parallel import wire
 
+# One worker runs the module: its tests share the module's DeMo run (``run``), built
+# once.
+pytestmark = pytest.mark.xdist_group("demo")
+
 AXIS = "data"
 WORKERS = 4
 STEPS = 5

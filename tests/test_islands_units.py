@@ -13,6 +13,10 @@ from configs import default
 from configs import islands as islands_config
 from train.islands import hashing, payload, plan, quorum, replica, settings, wire
 
+# One worker runs the module: its tests share the module's compiled replica (``rep``),
+# built once.
+pytestmark = pytest.mark.xdist_group("islands_units")
+
 # -- failure plan ---------------------------------------------------------------
 
 

@@ -26,6 +26,10 @@ import zipfile
 
 import pytest
 
+# One worker runs the module: its tests share the module's wheel build (``wheel``),
+# built once.
+pytestmark = pytest.mark.xdist_group("package")
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 #: What ``import gradcomp.<anything>`` must never load (DESIGN §13): the

@@ -23,6 +23,10 @@ from gradcomp.optimizers import demo
 from gradcomp.schemes.sparseloco import ratio, sparseloco
 from tests import harness
 
+# One worker runs the module: its tests share the module's SparseLoCo run (``run``),
+# built once.
+pytestmark = pytest.mark.xdist_group("sparseloco")
+
 AXIS = "data"
 N, EVERY, ROUNDS = 4, 3, 3
 STEPS = EVERY * ROUNDS

@@ -17,6 +17,10 @@ from gradcomp import edgegossip as eg
 from train import data
 from train import edgegossip as edge_lib
 
+# One worker runs the module: its tests share the module's trainer (``trainer``), built
+# once.
+pytestmark = pytest.mark.xdist_group("train_edgegossip")
+
 WORKERS = 8
 BATCH = 64
 SPEEDS = (1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25)

@@ -28,6 +28,10 @@ from train import mesh as mesh_lib
 
 import harness
 
+# One worker runs the module: its tests share the module's program runs (``pair``),
+# built once.
+pytestmark = pytest.mark.xdist_group("train_fsdp")
+
 F = 4
 FSDP = f"data=2,fsdp={F}"
 STEPS = 8

@@ -16,6 +16,10 @@ import gradcomp
 from configs import default
 from train import logs, optimizer, train
 
+# One worker runs the module: its tests share the module's program run
+# (``streaming_run``), built once.
+pytestmark = pytest.mark.xdist_group("train_streaming")
+
 # The MLP on digits with 16 hidden units, two layers, so two fragments of one
 # layer each: DiLoCo every 8 steps, fragment 1 sends 4 steps after fragment 0,
 # one step of overlap, eager updates (each worker's anchor its own).

@@ -17,6 +17,10 @@ import pytest
 from gradcomp.fusion.order import gradient_order
 from gradcomp.models import shapes, transformer, zoo
 
+# One worker runs the module: its tests share the module's compiled model (``tiny``),
+# built once.
+pytestmark = pytest.mark.xdist_group("transformer")
+
 V = 256  # Byte-level vocabulary.
 
 

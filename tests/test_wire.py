@@ -9,6 +9,10 @@ from gradcomp.parallel.wire import collective_bytes
 
 import harness
 
+# One worker runs the module: its tests share the module's dense step (``dense_bytes``),
+# built once.
+pytestmark = pytest.mark.xdist_group("wire")
+
 SIZE = 2**20
 
 # Largest fraction of none()'s bytes each compressor may send (issue 2).
