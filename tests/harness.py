@@ -8,6 +8,8 @@ check that every worker got the same result instead of trusting the typing.
 from __future__ import annotations
 
 import functools
+import shutil
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -289,3 +291,51 @@ def assert_within(got, want, bound: float) -> None:
   for key in want:
     err = np.max(np.abs(np.asarray(got[key], np.float64) - want[key]))
     assert err <= bound, f"{key}: error {err:.3g} > bound {bound:.3g}"
+
+
+def preempted_copy(whole: Path, workdir: Path, step: int | None = None) -> int:
+  """Leaves ``workdir`` as a run of the same config preempted after ``step``.
+
+  ``whole`` is the uninterrupted run's workdir: its checkpoint at ``step``
+  (by default the latest before its last) and its fusion plan are copied,
+  nothing else (no later checkpoint, no metrics). A run of the same config
+  in ``workdir`` then restores the state the whole run saved mid-run, as
+  after a preemption, and trains the steps after it: its end must be the
+  whole run's, bit for bit. One program run per resume check, where a run
+  stopped at ``step`` and then resumed takes two.
+
+  Returns:
+    The step the copy resumes from.
+  """
+  from train import train  # the program: only the tests that run it load it
+
+  saved = sorted(
+    int(p.name) for p in (whole / train.CHECKPOINT_DIR).iterdir() if p.name.isdigit()
+  )
+  if step is None:
+    if len(saved) < 2:
+      raise ValueError(f"{whole} holds no checkpoint before its last: {saved}")
+    step = saved[-2]
+  if step not in saved:
+    raise ValueError(f"{whole} holds no checkpoint at step {step}: {saved}")
+  shutil.copytree(
+    whole / train.CHECKPOINT_DIR / str(step), workdir / train.CHECKPOINT_DIR / str(step)
+  )
+  if (whole / train.PLAN_FILE).exists():
+    shutil.copy(whole / train.PLAN_FILE, workdir / train.PLAN_FILE)
+  return step
+
+
+def assert_resumed_after(workdir: Path, step: int) -> None:
+  """The run in ``workdir`` logged training rows past ``step`` only.
+
+  A run that ignored its checkpoint and trained from scratch would end where
+  the whole run ends too; its rows at or before ``step`` (a log interval of at
+  most ``step``) tell it apart.
+  """
+  from train import logs
+
+  rows = [
+    r["step"] for r in logs.read_metrics(workdir / logs.METRICS_FILE) if "loss" in r
+  ]
+  assert rows and min(rows) > step, rows

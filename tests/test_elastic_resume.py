@@ -25,6 +25,12 @@ from gradcomp.schemes.streaming import StreamingState
 from train import elastic, logs, train
 from train.schemes.base import Scheme
 
+import harness
+
+# One worker runs the module: its tests share the module's 8-worker run (``eight``),
+# built once.
+pytestmark = pytest.mark.xdist_group("elastic_resume")
+
 TINY = {
   "model.features": (16,),
   "compressor.name": "topk",
@@ -118,8 +124,10 @@ def test_eight_to_four_to_eight_conserves_the_residual_mass(eight, tmp_path):
 def test_none_sgd_eight_to_eight_is_an_exact_resume(tmp_path):
   overrides = {"compressor.name": "none", "compressor.ratio": None}
   reference = train.train_and_evaluate(config(**overrides), tmp_path / "whole")
-  train.train_and_evaluate(config(**overrides, num_train_steps=8), tmp_path / "half")
+  # Preempted after the whole run's checkpoint at step 8.
+  assert harness.preempted_copy(tmp_path / "whole", tmp_path / "half") == 8
   resumed = train.train_and_evaluate(config(**overrides), tmp_path / "half")
+  harness.assert_resumed_after(tmp_path / "half", 8)
   for a, b in zip(
     jax.tree.leaves(resumed.state), jax.tree.leaves(reference.state), strict=True
   ):

@@ -8,8 +8,8 @@ plain Muon (the round puts the params back where the inner step took them);
 Muon's step on a matrix is orthogonalised (its singular values sit in the
 Newton-Schulz band) while vectors take the AdamW fallback; weight decay
 follows ``mask_decay`` (closed form with a zero gradient); in the program a
-MuLoCo run with top-k pseudo-gradients stopped at a checkpoint and resumed
-ends bit for bit where the whole run ends; a config Muon cannot run is a
+MuLoCo run with top-k pseudo-gradients resumed from the whole run's mid-run
+checkpoint ends bit for bit where the whole run ends; a config Muon cannot run is a
 one-line error. Digits with 16 hidden units: the program's paths are a long
 run's, the compiles short.
 """
@@ -26,6 +26,8 @@ from configs import default
 from configs import muloco as recipe
 from train import optimizer as optimizer_lib
 from train import train
+
+import harness
 
 EPS32 = float(np.finfo(np.float32).eps)
 LR, WD = 0.02, 0.1
@@ -154,9 +156,11 @@ MULOCO = {
 
 def test_muloco_in_the_program_resumes_bit_for_bit(tmp_path):
   whole = train.train_and_evaluate(tiny(**MULOCO), tmp_path / "whole")
+  # Preempted after the checkpoint at step 6, between rounds (every 3).
   resumed_dir = tmp_path / "resumed"
-  train.train_and_evaluate(tiny(**MULOCO, num_train_steps=STEPS // 2), resumed_dir)
+  assert harness.preempted_copy(tmp_path / "whole", resumed_dir) == STEPS // 2
   resumed = train.train_and_evaluate(tiny(**MULOCO), resumed_dir)
+  harness.assert_resumed_after(resumed_dir, STEPS // 2)
   for part in ("params", "opt_state"):
     leaves = zip(
       jax.tree.leaves(resumed.state[part]),

@@ -1,7 +1,8 @@
 """SparseLoCo in the training program: ``--config.scheme.name=sparseloco``.
 
-A run stopped at a checkpoint and resumed ends bit for bit where the whole
-run ends (the error-feedback memory and the anchor are in the checkpoint); a
+A run resumed from the whole run's mid-run checkpoint (as after a
+preemption) ends bit for bit where the whole run ends (the error-feedback
+memory and the anchor are in the checkpoint); a
 round sends the codec's packed payload, every ``every``-th step; a missing
 field is a one-line error. Digits with 16 hidden units and 16 steps: the
 program's paths are the same as a long run's, the compiles short.
@@ -18,6 +19,12 @@ from gradcomp.compressors import topk as topk_lib
 from gradcomp.schemes.sparseloco import ratio
 from train import logs, train
 from train import schemes as schemes_lib
+
+import harness
+
+# One worker runs the module: its tests share the module's program run (``whole``),
+# built once.
+pytestmark = pytest.mark.xdist_group("sparseloco_train")
 
 STEPS, EVERY, CHUNK, K = 16, 4, 8, 8
 SMALL = {
@@ -47,9 +54,11 @@ def whole(tmp_path_factory):
 
 
 def test_resumes_bit_for_bit(whole, tmp_path):
-  _, want = whole
-  train.train_and_evaluate(tiny(num_train_steps=STEPS // 2), tmp_path)
+  workdir, want = whole
+  # Preempted after the whole run's checkpoint at step 8: rounds 3 and 4 rerun.
+  assert harness.preempted_copy(workdir, tmp_path) == STEPS // 2
   got = train.train_and_evaluate(tiny(), tmp_path)
+  harness.assert_resumed_after(tmp_path, STEPS // 2)
   for part in ("params", "opt_state"):
     for a, b in zip(
       jax.tree.leaves(got.state[part]), jax.tree.leaves(want.state[part]), strict=True

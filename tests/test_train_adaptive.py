@@ -22,6 +22,12 @@ from gradcomp.compressors import scatter
 from gradcomp.optimizers import demo as demo_lib
 from train import logs, train
 
+import harness
+
+# One worker runs the module: its tests share the module's program run (``onebit_run``),
+# built once.
+pytestmark = pytest.mark.xdist_group("train_adaptive")
+
 STEPS, FREEZE = 12, 4
 SMALL = {
   "model.features": (16,),
@@ -77,9 +83,11 @@ def test_onebit_adam_prices_its_two_phases(onebit_run):
 
 
 def test_onebit_adam_resumes_its_errors_bit_for_bit(onebit_run, tmp_path):
-  _, whole = onebit_run
-  train.train_and_evaluate(tiny(**ONEBIT, num_train_steps=STEPS // 2), tmp_path)
+  workdir, whole = onebit_run
+  # Preempted after the checkpoint at step 6, in the compressed phase.
+  assert harness.preempted_copy(workdir, tmp_path) == STEPS // 2
   resumed = train.train_and_evaluate(tiny(**ONEBIT), tmp_path)
+  harness.assert_resumed_after(tmp_path, STEPS // 2)
   for part in ("params", "opt_state"):
     got, want = resumed.state[part], whole.state[part]
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):

@@ -4,10 +4,10 @@
 ``config.compressor``, and ``--config.compressor.warmup_steps=N`` before a
 compressor: the bytes per step are the two phases' (the float32
 all-reduce through the warm-up, the codec's exchange traced alone after
-it), a run stopped and resumed ends bit for bit where the whole run ends
-(the codec's residuals and the warm-up's count are in the checkpoint), and
-a config the program cannot run is a one-line error. On the tiny digits
-MLP, as ``test_train_adaptive.py``.
+it), a run resumed from the whole run's mid-run checkpoint ends bit for
+bit where the whole run ends (the codec's residuals and the warm-up's count
+are in the checkpoint), and a config the program cannot run is a one-line
+error. On the tiny digits MLP, as ``test_train_adaptive.py``.
 """
 
 import json
@@ -20,6 +20,8 @@ from test_train_adaptive import STEPS, tiny
 
 from train import logs, train
 
+import harness
+
 FREEZE = 4
 ADAM = {
   "optimizer.name": "compressed_adam",
@@ -27,8 +29,8 @@ ADAM = {
   "compressor.name": "topk",
   "compressor.ratio": 0.05,
 }
-# The warm-up ends after the resumed run's first checkpoint (step 6): the
-# switch happens in the resumed half.
+# The warm-up ends after the checkpoint the resumed run starts from (step 6):
+# the switch happens in the resumed half.
 WARMUP = 8
 WARMED = {
   "optimizer.name": "adamw",
@@ -46,10 +48,12 @@ def topk_bytes(params, ratio=0.05) -> int:
 
 
 def whole_and_resumed(overrides, tmp_path):
+  """The whole run, and the same config resumed from its checkpoint at step 6."""
   whole = train.train_and_evaluate(tiny(**overrides), tmp_path / "whole")
   resumed_dir = tmp_path / "resumed"
-  train.train_and_evaluate(tiny(**overrides, num_train_steps=STEPS // 2), resumed_dir)
+  assert harness.preempted_copy(tmp_path / "whole", resumed_dir) == STEPS // 2
   resumed = train.train_and_evaluate(tiny(**overrides), resumed_dir)
+  harness.assert_resumed_after(resumed_dir, STEPS // 2)
   return whole, resumed
 
 

@@ -16,6 +16,12 @@ import pytest
 
 from train import logs, text, train
 
+import harness
+
+# One worker runs the module: its tests share the module's program run (``text_run``),
+# built once.
+pytestmark = pytest.mark.xdist_group("train_text")
+
 STEPS = 12
 SMALL = {
   "dataset.context": 32,
@@ -73,10 +79,13 @@ def test_config_json_records_the_corpus(text_run):
   assert config["model"]["name"] == "gpt_tiny"
 
 
-def test_stopped_and_resumed_run_ends_where_the_whole_run_ends(text_run, tmp_path):
-  _, whole = text_run
-  train.train_and_evaluate(gpt_tiny(num_train_steps=STEPS // 2), tmp_path)
+def test_resumed_run_ends_where_the_whole_run_ends(text_run, tmp_path):
+  """Resumed from the whole run's checkpoint at step 6 (as after a preemption):
+  the corpus's batch position and AdamW's state are in the checkpoint."""
+  workdir, whole = text_run
+  assert harness.preempted_copy(workdir, tmp_path) == STEPS // 2
   resumed = train.train_and_evaluate(gpt_tiny(), tmp_path)
+  harness.assert_resumed_after(tmp_path, STEPS // 2)
   got, want = resumed.state["params"], whole.state["params"]
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
