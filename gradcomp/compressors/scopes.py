@@ -31,9 +31,11 @@ from types import MappingProxyType
 
 import optax
 
+from gradcomp.compressors import per_leaf_scales
 from gradcomp.compressors.dgc_groups import dgc_per_leaf
 from gradcomp.compressors.powersgd_groups import powersgd_per_leaf
 from gradcomp.compressors.randomk_groups import randomk_per_leaf
+from gradcomp.compressors.sparse_quantize_groups import sparse_quantize_per_leaf
 from gradcomp.compressors.spec import spec_of
 from gradcomp.compressors.topk_groups import topk_per_leaf
 
@@ -76,6 +78,11 @@ _PER_LEAF_FORMS: dict[str, Callable[..., optax.GradientTransformation]] = {
   "randomk": randomk_per_leaf,
   "dgc": dgc_per_leaf,
   "topk": topk_per_leaf,  # with per_leaf=True or chunk=C (LEAF by scope_of)
+  "sparse_quantize": sparse_quantize_per_leaf,
+  "ef_signsgd": per_leaf_scales.ef_signsgd_per_leaf,  # None when scattered
+  "terngrad": per_leaf_scales.terngrad_per_leaf,
+  "qsgd": per_leaf_scales.qsgd_per_leaf,
+  "int_quantize": per_leaf_scales.int_quantize_per_leaf,
 }
 
 
