@@ -229,13 +229,16 @@ def test_wire_is_the_packed_payload():
 
 def test_tiles_are_demos():
   rng = np.random.default_rng(0)
+  # Jitted: a cut and its inverse are one program per shape, not one per op.
+  to_tiles = jax.jit(tiles.to_tiles, static_argnums=1)
+  from_tiles = jax.jit(tiles.from_tiles, static_argnums=(1, 2))
   for shape in [(128, 128), (100,), (17,), (3, 5, 6), (), (96, 80), (1,)]:
     for chunk in (64, 8, 1):
       assert tiles.tile_shape(shape, chunk) == demo.tile_shape(shape, chunk)
       x = rng.standard_normal(shape).astype(np.float32)
-      t = np.asarray(tiles.to_tiles(jnp.asarray(x), chunk))
+      t = np.asarray(to_tiles(jnp.asarray(x), chunk))
       np.testing.assert_array_equal(t, _ref_tiles(x, chunk)[0])
-      np.testing.assert_array_equal(tiles.from_tiles(jnp.asarray(t), shape, chunk), x)
+      np.testing.assert_array_equal(from_tiles(jnp.asarray(t), shape, chunk), x)
 
 
 @pytest.mark.parametrize("bits", [1, 5, 12, 31, 32])
@@ -259,13 +262,16 @@ def test_defaults_are_todays_topk():
   assert spec_lib.spec_of(chunked).name == "topk"
   rebuilt = spec_lib.spec_of(chunked).build(axis_name=None)
   state = chunked.init(g)
+  # Jitted: one compile each, not one per primitive (eager).
   np.testing.assert_array_equal(
-    rebuilt.update(g, state)[0]["w"], chunked.update(g, state)[0]["w"]
+    jax.jit(rebuilt.update)(g, state)[0]["w"], jax.jit(chunked.update)(g, state)[0]["w"]
   )
   # chunk=None, 32 bits, a decay: today's wire and selection, a decayed memory.
+  # (0.5 r is exact, so e below rounds once whether or not XLA fuses it.)
   decayed = gradcomp.topk(0.25, ef_decay=0.5)
-  s1 = decayed.update(g, decayed.init(g))[1]
-  out, _ = decayed.update(g, s1)
+  update = jax.jit(decayed.update)
+  s1 = update(g, decayed.init(g))[1]
+  out, _ = update(g, s1)
   e = 0.5 * np.asarray(s1.leaves["w"].residual) + np.asarray(g["w"])
   keep = np.argsort(-np.abs(e), kind="stable")[:10]
   want = np.zeros_like(e)
@@ -298,7 +304,7 @@ def test_zeros_and_huge_values_stay_finite():
   """A zero tile has step 0 (sends zeros); values near float32's maximum saturate."""
   tx = gradcomp.topk(0.5, chunk=4, value_bits=2)
   g = {"w": jnp.array([0.0, 0.0, 0.0, 0.0, 3e38, -3e38, 1e38, 1.0])}
-  out, state = tx.update(g, tx.init(g))
+  out, state = jax.jit(lambda g: tx.update(g, tx.init(g)))(g)
   assert np.all(np.isfinite(out["w"])) and np.all(
     np.isfinite(state.leaves["w"].residual)
   )
