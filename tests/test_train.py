@@ -31,6 +31,10 @@ from train import step as step_lib
 
 import harness
 
+# One worker runs the module: its tests share the module's program runs (``tiny_run``,
+# ``*_run``), built once.
+pytestmark = pytest.mark.xdist_group("train")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # A tiny run: short enough for a test, long enough (~1 s of steps) that a
@@ -476,19 +480,22 @@ def test_sigkill_then_resume_is_bit_exact(run, request, tmp_path):
 @pytest.mark.parametrize(
   ("run", "overrides"), [("cdsgd_run", CDSGD), ("async_run", ASYNC)]
 )
-def test_stopped_then_resumed_is_bit_exact(run, overrides, request, tmp_path):
+def test_preempted_then_resumed_is_bit_exact(run, overrides, request, tmp_path):
   """Per-worker params, residuals and replicated state (CD-SGD's global
   weights and messages; the server's per-worker memories and staleness
-  clock) resume where the whole run is: the run stops at a checkpoint, the
-  next one continues from it."""
+  clock) resume where the whole run is: a run of the same config continues
+  from the whole run's checkpoint at step 200, as after a preemption."""
   reference_dir, reference = request.getfixturevalue(run)
-  half = TINY["num_train_steps"] // 2
-  train.train_and_evaluate(tiny_config(**overrides, num_train_steps=half), tmp_path)
+  step = harness.preempted_copy(reference_dir, tmp_path)
+  assert step == TINY["num_train_steps"] - TINY["checkpoint_every_steps"]
   resumed = train.train_and_evaluate(tiny_config(**overrides), tmp_path)
+  harness.assert_resumed_after(tmp_path, step)
   for a, b in zip(leaves(resumed.state), leaves(reference.state), strict=True):
     np.testing.assert_array_equal(a, b)
+  # The simulated clock continues where it was: replayed, not restarted.
   rows = [r for r in logs.read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
   want = [r for r in logs.read_metrics(reference_dir / "metrics.jsonl") if "loss" in r]
+  want = [r for r in want if r["step"] > step]
   assert [r["sim_seconds"] for r in rows] == [r["sim_seconds"] for r in want]
 
 
