@@ -9,6 +9,11 @@ import pytest
 from bench import __main__ as bench_main
 from bench import transformer, workloads
 
+# One worker runs this module and ``test_bench_study.py`` in turn: their
+# tiny gpt_tiny runs (dense, and top-k after 2 dense steps, at 3e-3) compile
+# the same programs, which the second reads from the compilation cache.
+pytestmark = pytest.mark.xdist_group("gpt_tiny_smoke")
+
 STEPS, EVERY = 4, 2
 TINY = workloads.SMOKE  # One narrow layer: the same paths, a short compile.
 
