@@ -69,6 +69,11 @@ def _floor(args: argparse.Namespace) -> None:
   from bench import floor
 
   try:
+    if args.stages:
+      floor.stages(
+        model=args.model, only=args.stages, repeats=args.repeats, out_dir=args.out
+      )
+      return
     floor.run(
       model=args.model,
       repeats=args.repeats,
@@ -617,6 +622,12 @@ def main(argv: Sequence[str] | None = None) -> None:
   fl.add_argument("--only", default=None, help="comma-separated codec labels")
   fl.add_argument("--out", default="bench_out/", help="directory for floor.json")
   fl.add_argument("--no-peers", action="store_true", help="skip the peers")
+  fl.add_argument(
+    "--stages",
+    default="",
+    help="instead: time these codecs' passes alone against the floor "
+    "(e.g. qsgd,sketch_topk,powersgd,threshold_quantize,ef_signsgd)",
+  )
   fl.set_defaults(func=_floor)
   s = suites.add_parser(
     "sketch", help="Count Sketch / sketch_topk stages: time and peak memory"

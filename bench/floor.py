@@ -26,6 +26,7 @@ Run: ``python -m bench floor [--model resnet50] [--repeats 9]``.
 from __future__ import annotations
 
 import gc
+import math
 import os
 import statistics
 import sys
@@ -35,6 +36,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bench import compress, peers, timing, torch_peers
 from bench.output import write_json
@@ -90,8 +92,6 @@ def _contenders(label, layer, fused, warmup, with_peers, with_torch):
       )
     )
   if with_torch and label in torch_peers.LABELS:
-    import numpy as np  # noqa: PLC0415
-
     for layout in _PEER_LAYOUTS:
       arrays = [np.asarray(t) for t in trees[layout]]
       out.append(
@@ -190,6 +190,166 @@ def run(
   print(format_table(result))
   path = write_json(out_dir, "floor.json", result)
   print(f"\nwrote {path} ({result['wall_s']:.0f} s)")
+  return result
+
+
+def _stage_programs(label: str, d: int) -> dict[str, Any]:
+  """``name -> fn(x, r) -> (out, ...)`` for the passes of one codec, fused.
+
+  Each is one jitted program over the fused gradient ``x`` (and a residual
+  ``r``), donated like the codec's own update, so a gradient-sized output is
+  written in place where the codec's would be; its time is what that pass
+  costs alone, temporaries included. The passes re-create the codec's
+  (``gradcomp``'s kernels, the codec's hyper-parameters of :data:`CODECS`).
+  """
+  from gradcomp.compressors import checks, quantizers  # noqa: PLC0415
+  from gradcomp.compressors import sketch_topk as sk  # noqa: PLC0415
+  from gradcomp.kernels import bits, count_sketch, hashing, numerics  # noqa: PLC0415
+  from gradcomp.kernels.selection import top_k_magnitude  # noqa: PLC0415
+
+  key = jnp.array([3, 4], jnp.uint32)
+  body = d - d % 512
+  k = checks.keep_count(0.01, d)
+  cols = sk.default_cols(k, 5)
+
+  def buckets(x):
+    return x[:body].reshape(-1, 512)
+
+  def payload(r, per_byte):
+    # A packed payload of ceil(d / per_byte) bytes: r's leading bytes.
+    words = -(-d // (4 * per_byte)) + 1
+    return jax.lax.bitcast_convert_type(r[:words], jnp.uint8).reshape(-1)
+
+  def ternary(e):
+    return (e >= 0.5).astype(jnp.float32) - (e <= -0.5).astype(jnp.float32)
+
+  if label == "qsgd":
+    return {
+      "bucket max |x| (512 per row)": lambda x, r: numerics.max_abs(
+        buckets(x), axis=-1
+      ),
+      "bucket sum of squares": lambda x, r: jnp.sum(jnp.square(buckets(x)), -1),
+      "bucket norms (overflow-free: both)": lambda x, r: numerics.scaled_norm(
+        buckets(x), axis=-1
+      ),
+      "hash uniforms + round to int8 codes": lambda x, r: (
+        jnp.floor(jnp.abs(x) * 4.0 + hashing.hash_uniform(key, x.shape)) * jnp.sign(x)
+      ).astype(jnp.int8),
+      "quantize (norms, round, codes)": lambda x, r: quantizers._quantize_buckets(
+        buckets(x), key, 4
+      ),
+    }
+  if label == "sketch_topk":
+    table = count_sketch.sketch(jnp.ones((d,), jnp.float32), 5, cols, 0)
+    return {
+      "e = r + g": lambda x, r: x + r,
+      "sketch (5 rows)": lambda x, r: count_sketch.sketch(x, 5, cols, 0),
+      "estimate every coordinate (d out)": lambda x, r: count_sketch.estimate_all(
+        table + r[:1], d, 0
+      ),
+      "top-k of d priorities": lambda x, r: top_k_magnitude(x, k),
+      "heavymix (estimate + top-k)": lambda x, r: sk.heavymix(
+        table + r[:1], d, k, key, 0
+      ),
+    }
+  if label == "threshold_quantize":
+    return {
+      "e = r + g": lambda x, r: x + r,
+      "ternary codes + 2-bit pack": lambda x, r: bits.pack_ternary(ternary(x + r)),
+      "unpack + residual": lambda x, r: bits.unpack_ternary(payload(r, 4), d) * 0.5 + x,
+    }
+  if label == "ef_signsgd":
+    return {
+      "e = r + g": lambda x, r: x + r,
+      "mean |e|": lambda x, r: jnp.mean(jnp.abs(x + r)),
+      "pack signs": lambda x, r: bits.pack_signs(x + r),
+      "unpack signs * scale": lambda x, r: (
+        bits.unpack_signs(payload(r, 8), d) * 0.5 + x
+      ),
+    }
+  if label == "powersgd":
+    rows = math.isqrt(d - 1) + 1
+    cols_m = -(-d // rows)
+    q = jnp.ones((cols_m, 4), jnp.float32)
+
+    def matrix(x):
+      return jnp.pad(x, (0, rows * cols_m - d)).reshape(rows, cols_m)
+
+    return {
+      "zero-padded matrix": lambda x, r: matrix(x),
+      "P = M Q": lambda x, r: matrix(x) @ q,
+      "Q = M^T P": lambda x, r: matrix(x).T @ jnp.ones((rows, 4), jnp.float32),
+      "P Q^T into the buffer": lambda x, r: (
+        (jnp.ones((rows, 4), jnp.float32) @ q.T).reshape(-1)[:d] + x
+      ),
+    }
+  return {}
+
+
+def stages(
+  model: str = "resnet50",
+  only: str | Sequence[str] | None = "qsgd,sketch_topk,powersgd",
+  repeats: int = 5,
+  out_dir: str = "bench_out",
+  log=sys.stderr,
+) -> dict[str, Any]:
+  """Times the passes of the worst codecs, each alone, interleaved with the floor.
+
+  Writes ``floor_stages.json``: per codec, per pass, its median ms and its
+  multiple of the floor timed in the same rounds.
+  """
+  labels = _labels(only)
+  shape_list = shapes_lib.MODELS[model]()
+  d = shapes_lib.total_size(shape_list)
+  rng = np.random.default_rng(0)
+  grads = {
+    "x": jnp.asarray(rng.standard_normal(d, dtype=np.float32)),
+    "r": jnp.asarray(0.1 * rng.standard_normal(d, dtype=np.float32)),
+  }
+  load_start = list(os.getloadavg())
+  out = {}
+  for label in labels:
+    programs = _stage_programs(label, d)
+    if not programs:
+      continue
+    built = [("floor", floor_contender({"x": grads["x"]}))]
+    for name, fn in programs.items():
+      built.append(
+        (
+          name,
+          compress._update_contender(
+            lambda g, s, fn=fn: (fn(g["x"], g["r"]), s), (), grads, 0
+          ),
+        )
+      )
+    times = timing.interleaved([(c.prepare, c.call) for _, c in built], repeats)
+    floor_ms = statistics.median(times[0])
+    out[label] = {
+      name: {
+        "median_ms": statistics.median(t),
+        "multiple": statistics.median(t) / floor_ms,
+      }
+      for (name, _), t in zip(built, times, strict=True)
+    }
+    del built
+    gc.collect()
+    for name, res in out[label].items():
+      print(
+        f"  {label:>18} {name:>36}: {res['median_ms']:8.2f} ms {res['multiple']:6.1f}x",
+        file=log,
+        flush=True,
+      )
+  result = {
+    "suite": "floor_stages",
+    "model": model,
+    "num_params": d,
+    "repeats": repeats,
+    "loadavg_start": load_start,
+    "loadavg_end": list(os.getloadavg()),
+    "stages": out,
+  }
+  path = write_json(out_dir, "floor_stages.json", result)
+  print(f"wrote {path}")
   return result
 
 
