@@ -13,7 +13,10 @@ plan's groups), and for each group
   ``train/reshard.py`` see what they saw before);
 * stacks the leaves of one matrix shape (:func:`~gradcomp.compressors.powersgd.
   matrix_shape`) and computes their ``P = M Q`` as one batched product and
-  their orthogonalisation as one batched QR (PyTorch's PowerSGD hook,
+  their orthogonalisation as one batched Householder QR in plain array ops
+  (:func:`~gradcomp.compressors.powersgd.householder_columns`: LAPACK's
+  batched QR deadlocks XLA:CPU's thread pool when several run at once)
+  (PyTorch's PowerSGD hook,
   ``batch_tensors_with_same_shape``);
 * all-reduces every ``P`` of the group together with its dense leaves (those
   :func:`~gradcomp.compressors.powersgd.goes_dense`) in one collective, then
@@ -44,8 +47,8 @@ from gradcomp.compressors.powersgd import (
   factor_limit,
   goes_dense,
   headroom,
+  householder_columns,
   matrix_shape,
-  orthonormal_columns,
   outer_product,
   transposed_product,
   unit_columns,
@@ -162,10 +165,10 @@ def _update_group(leaves, state: ErrorFeedbackState, rank: int, vectors, axis_na
     return [jnp.zeros(x.shape, jnp.float32) for x in leaves], state
   reduced = _split_flat(exchange.all_reduce_mean(_concat(sent), axis_name), sent)
   ps, dense_means = reduced[: len(ps)], reduced[len(ps) :]
-  # Q = M^T orth(P) per leaf, one batched QR per matrix shape; one all-reduce.
+  # Q = M^T orth(P) per leaf, one batched Householder QR per matrix shape.
   p_hats, local_qs = [], []
   for ((n, _), _), matrix, p in zip(layout.classes, matrices, ps, strict=True):
-    p_hat = orthonormal_columns(p.reshape(matrix.shape[0], n, rank))
+    p_hat = householder_columns(p.reshape(matrix.shape[0], n, rank))
     p_hats.append(p_hat)
     local_qs.append(transposed_product(matrix, p_hat * headroom(n)))
   new_qs = []
@@ -232,7 +235,8 @@ def powersgd_per_leaf(
 
   (Vogels et al. 2019, Alg. 1-2), the bars being means over workers. The
   leaves of a group with one matrix shape ``(n, m)`` are stacked to a
-  ``(b, n, m)`` batch: ``M Q`` is one batched product, ``orth`` one batched QR
+  ``(b, n, m)`` batch: ``M Q`` is one batched product, ``orth`` one batched
+  Householder QR (:func:`~gradcomp.compressors.powersgd.householder_columns`)
   and ``M^T P`` one batched multiply-reduce. A group sends two all-reduces:
   its ``P``'s with its dense leaves, then its ``Q``'s. Hyper-parameters,
   scalings and bad-input behaviour are those of ``gradcomp.powersgd``.
