@@ -70,7 +70,12 @@ def threshold_quantize(
     # read from the remainder (kernels/ordering.py): XLA copied both donated
     # buffers without the order (BUILD_NOTES, issue 18).
     # The zero rides on the payload (gathered, so replicated), not on t.
-    remainder = x - ternary * (t + ordering.zero_after(packed))
+    # The remainder compares x with t again rather than reading the codes:
+    # with two consumers XLA wrote them out as a float32 array (a write and
+    # a read of 4 bytes per coordinate). Same values: (a - b) t' is t', -t'
+    # or +0.0 for the indicators a, b of x >= t and x <= -t.
+    sent_t = t + ordering.zero_after(packed)
+    remainder = x - jnp.where(x >= t, sent_t, jnp.where(x <= -t, -sent_t, 0.0))
     sent = packed + ordering.zero_after(remainder).astype(jnp.uint8)
     mean = exchange.gathered_mean(
       (sent,), lambda p: bits.unpack_ternary(p, size) * t, axis_name
