@@ -146,7 +146,7 @@ def layerfusion(
   backward_seconds: float | Sequence[float] = 0.0,
   search: str = "heuristic",
   exchange: str | None = None,
-  per_leaf: bool | None = False,
+  per_leaf: bool | None = None,
 ) -> optax.GradientTransformation:
   """Applies ``inner`` to fused buffers, one per group of leaves.
 
@@ -225,15 +225,14 @@ def layerfusion(
       of one form go to that form's compressor as one tuple; the plan
       records the forms (:attr:`Plan.forms`), and an explicit plan with
       forms is applied the same way.
-    per_leaf: ``False`` (the default): every group is one buffer, one unit
-      of compression, whatever ``inner`` declares (the seed's fused form,
-      e.g. PowerSGD of one near-square matrix per group); ``True``: require
-      ``inner``'s per-leaf form (``scopes.per_leaf_form``: PowerSGD keeps one
-      P, Q per leaf, equal shapes batched); ``None``: the per-leaf form when
-      ``inner`` has one, else fused buffers. Opt-in for now: on the whole
-      ResNet-50 gradient (161 leaves) the per-leaf program compiled but did
-      not finish a call in 285 s on this CPU, while 120 of its leaves run in
-      60 ms (BUILD_NOTES, "PowerSGD per leaf inside a fused group"). Plans
+    per_leaf: ``None`` (the default): ``inner``'s per-leaf form when it
+      declares scope ``"leaf"`` and has one (``scopes.per_leaf_form``:
+      PowerSGD keeps one ``(P, Q)`` per leaf, leaves of one matrix shape
+      batched), so the fused program computes the published per-leaf
+      algorithm; else fused buffers. ``True``: require the per-leaf form.
+      ``False``: every group is one buffer, one unit of compression, whatever
+      ``inner`` declares (the seed's fused form, e.g. PowerSGD of one
+      near-square matrix per group). Plans
       with exchange forms always use fused buffers.
 
   The ``"auto"`` plan is computed from static shapes the first time a tree
@@ -292,7 +291,7 @@ def layerfusion(
   if per_leaf is True and leaf_form is None:
     raise ValueError(
       "per_leaf=True needs a compressor with a per-leaf form under fusion "
-      f"(scope {scopes.scope_of(inner)!r}); those with one: powersgd"
+      f"(scope {scopes.scope_of(inner)!r}; see scopes.per_leaf_form)"
     )
   spec = spec_of(inner)
   if isinstance(plan, Plan):

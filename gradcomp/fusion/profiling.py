@@ -24,7 +24,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gradcomp.compressors import registry
+from gradcomp.compressors import registry, scopes
 from gradcomp.compressors import spec as spec_lib
 from gradcomp.fusion.fused import fused
 from gradcomp.fusion.hierarchical import hierarchical_spec_of, shard_size
@@ -109,7 +109,9 @@ def profile(
   For every size ``x`` the compressor (built with ``axis_name=None``, so the
   exchange is the identity and the payload still materialises) is jitted on a
   float32 buffer of ``x`` values, and on ``x`` values in
-  :data:`FUSED_PIECES` leaves under ``layerfusion(..., "single")``; each is
+  :data:`FUSED_PIECES` leaves under ``layerfusion(..., "single")`` (in the
+  per-leaf form ``layerfusion`` runs by default when the codec has one,
+  ``scopes.per_leaf_form``: PowerSGD's factors per piece); each is
   timed as the median of ``repeats`` steady-state calls with the state donated.
   The wire payload per size comes from tracing the compressor on an abstract
   mesh (:func:`traced_wire`).
@@ -181,7 +183,10 @@ def profile(
     leaf = jnp.zeros((size,), jnp.float32) + jnp.linspace(-1.0, 1.0, size)
     seconds.append(_time_update(local, [leaf], devices, repeats))
     pieces = [leaf[:n] * (i + 1) for i, n in enumerate(_pieces(size, FUSED_PIECES))]
-    single = fused(local, Plan.single(range(len(pieces))))
+    # The form layerfusion runs by default: per leaf when the codec has one.
+    single = fused(
+      local, Plan.single(range(len(pieces))), per_leaf=scopes.per_leaf_form(local)
+    )
     fused_seconds.append(_time_update(single, pieces, devices, repeats))
   wire_bytes = {k: [] for k in KINDS}
   wire_messages = {k: [] for k in KINDS}
