@@ -61,12 +61,20 @@ CODECS = {
     4, bucket_size=BUCKET, seed=5, axis_name=axis, error_feedback=True
   ),
   "int_quantize": lambda axis: gradcomp.int_quantize(8, BUCKET, axis_name=axis),
+  "fp8": lambda axis: gradcomp.fp8(axis_name=axis, error_feedback=True),
+  "fp4": lambda axis: gradcomp.fp4(
+    block_size=BUCKET, stochastic=True, seed=2, axis_name=axis
+  ),
+  "onebit_sgd": lambda axis: gradcomp.onebit_sgd(axis_name=axis),
 }
 HAS_RESIDUAL = {
   "ef_signsgd": True,
   "terngrad": False,
   "qsgd": True,
   "int_quantize": True,
+  "fp8": True,
+  "fp4": False,
+  "onebit_sgd": True,
 }
 
 
@@ -195,7 +203,7 @@ def test_error_feedback_conserves_mass(run, grads):
   """Mean output + mean residual = mean residual before + mean gradient."""
   name, _, outs, final, _ = run
   if not HAS_RESIDUAL[name]:
-    pytest.skip("TernGrad keeps no residual")
+    pytest.skip(f"{name} keeps no residual")
   fused = _residuals(final["per_leaf"], PLAN)
   for k in NAMES:
     sent = outs["per_leaf"][k][:, 0].astype(np.float64).sum(axis=0)

@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp.compressors import checks
+from gradcomp.compressors import checks, lowp, onebit
 from gradcomp.compressors import exchange as exchanges
 from gradcomp.compressors.base import CompressorState
 from gradcomp.compressors.intq import decode_rows, encode_rows
@@ -395,3 +395,175 @@ def int_quantize_per_leaf(
     axis_name=axis_name,
     error_feedback=error_feedback,
   )
+
+
+# -- The other gathered codecs: their own per-leaf program, exchanges batched ------
+
+
+class _Recorder(exchanges.Pattern):
+  """An exchange that records each leaf's payload and decoder, and sends nothing.
+
+  Passed as a codec's ``axis_name``, it keeps ``(payload, decode)`` of every
+  ``exchange.gathered_mean`` in call order (one per non-empty leaf) and gives
+  the codec its own decoded payload; :func:`_batched_exchange` then sends the
+  group's payloads in one all-gather. ``worker_key`` reads ``axis``, so the
+  worker streams are those of the real axis.
+  """
+
+  what = "a per-leaf form's recorded exchange"
+
+  def __init__(self, axis):
+    self.axis = axis
+    self.sent: list[tuple[tuple, Callable]] = []
+
+  def exchange(self, payload, decode):
+    parts, tree = jax.tree.flatten(tuple(payload))
+    self.sent.append((parts, lambda *p: decode(*jax.tree.unflatten(tree, p))))
+    return decode(*payload)
+
+
+def _flat_states(groups, states) -> list:
+  """Each leaf's layer-wise state from its group's fused one (EF or nothing)."""
+  out = []
+  for group, s in zip(groups, states, strict=True):
+    if s == ():
+      out.extend(() for _ in group)
+      continue
+    flat, start = s.residual.reshape(-1), 0
+    for x in group:
+      size = math.prod(x.shape)
+      out.append(ErrorFeedbackState(flat[start : start + size].reshape(x.shape), ()))
+      start += size
+  return out
+
+
+def _group_states(groups, leaf_states, like) -> tuple:
+  """Inverse of :func:`_flat_states`: one fused residual per group."""
+  out, first = [], 0
+  for group, s in zip(groups, like, strict=True):
+    mine = leaf_states[first : first + len(group)]
+    first += len(group)
+    if s == ():
+      out.append(())
+      continue
+    kept = [m.residual.reshape(-1) for m in mine]
+    joined = kept[0] if len(kept) == 1 else jnp.concatenate(kept)
+    out.append(ErrorFeedbackState(joined.reshape(s.residual.shape), ()))
+  return tuple(out)
+
+
+def _batched_exchange(groups, sent, axis_name) -> list:
+  """The workers' mean of each leaf, one all-gather of each group's payloads."""
+  outputs, k = [], 0
+  for group in groups:
+    mine = []
+    for x in group:
+      if math.prod(x.shape) == 0:
+        mine.append(None)
+      else:
+        mine.append(sent[k])
+        k += 1
+    parts = [p for entry in mine if entry is not None for p in entry[0]]
+    if not parts:
+      outputs.extend(jnp.zeros(x.shape, jnp.float32) for x in group)
+      continue
+    likes = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in parts]
+    flat = [_to_bytes(p) for p in parts]
+    payload = flat[0] if len(flat) == 1 else jnp.concatenate(flat)
+    gathered = exchanges.all_gather(payload, axis_name)
+    n = gathered.shape[0]
+    totals: list[jax.Array | None] = [None] * len(group)
+    for w in range(n):
+      start, p = 0, 0
+      for j, entry in enumerate(mine):
+        if entry is None:
+          continue
+        values = []
+        for _ in entry[0]:
+          nbytes = math.prod(likes[p].shape) * likes[p].dtype.itemsize
+          values.append(_from_bytes(gathered[w, start : start + nbytes], likes[p]))
+          start, p = start + nbytes, p + 1
+        # The recorded decoder divides by the recorder's 1 worker; then by n.
+        value = entry[1](*values) / n
+        totals[j] = value if totals[j] is None else totals[j] + value
+    outputs.extend(
+      jnp.zeros(x.shape, jnp.float32) if t is None else t.reshape(x.shape)
+      for x, t in zip(group, totals, strict=True)
+    )
+  return outputs
+
+
+def _gathered_form(factory, arguments: dict) -> optax.GradientTransformation | None:
+  """``factory(**arguments)`` per leaf on groups, each group's exchange batched.
+
+  The layer-wise codec runs on the plan's leaves in order (the same keys,
+  scales and remainders), its exchanges recorded (:class:`_Recorder`); each
+  group's payloads then travel in one all-gather and are decoded per leaf.
+  For a codec whose leaves keep nothing or an error-feedback residual only.
+  """
+  axis_name = arguments.get("axis_name")
+  if arguments.get("exchange", "gather") != "gather" or isinstance(
+    axis_name, exchanges.Pattern
+  ):
+    return None
+  plain = factory(**arguments)
+  probe = plain.init((jax.ShapeDtypeStruct((2,), jnp.float32),)).leaves[0]
+  if probe != () and not (isinstance(probe, ErrorFeedbackState) and probe.inner == ()):
+    return None  # a per-leaf state the fused layout cannot hold
+
+  def init_fn(params):
+    groups = [tuple(group) for group in params]
+    states = []
+    for group in groups:
+      if probe == ():
+        states.append(())
+      elif len(group) == 1:
+        states.append(ErrorFeedbackState(jnp.zeros_like(group[0], jnp.float32), ()))
+      else:
+        size = sum(math.prod(x.shape) for x in group)
+        states.append(ErrorFeedbackState(jnp.zeros((size,), jnp.float32), ()))
+    key = plain.init(()).key
+    return CompressorState(
+      count=jnp.zeros([], jnp.int32), key=key, leaves=tuple(states)
+    )
+
+  def update_fn(updates, state, params=None):
+    del params
+    groups = [tuple(group) for group in updates]
+    leaves = tuple(x for group in groups for x in group)
+    inner = CompressorState(
+      count=state.count,
+      key=state.key,
+      leaves=tuple(_flat_states(groups, state.leaves)),
+    )
+    if axis_name is None:
+      outputs, new = plain.update(leaves, inner)
+    else:
+      recorder = _Recorder(axis_name)
+      tx = factory(**{**arguments, "axis_name": recorder})
+      _, new = tx.update(leaves, inner)
+      outputs = _batched_exchange(groups, recorder.sent, axis_name)
+    grouped_out, first = [], 0
+    for group in groups:
+      grouped_out.append(tuple(outputs[first : first + len(group)]))
+      first += len(group)
+    states = _group_states(groups, list(new.leaves), state.leaves)
+    states = exchanges.vary_like(states, state.leaves)
+    return tuple(grouped_out), CompressorState(new.count, new.key, states)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def fp8_per_leaf(**arguments) -> optax.GradientTransformation | None:
+  """``fp8(...)`` per leaf: a scale per leaf or per block of the leaf."""
+  return _gathered_form(lowp.fp8, arguments)
+
+
+def fp4_per_leaf(**arguments) -> optax.GradientTransformation | None:
+  """``fp4(...)`` per leaf: a shared exponent per block of the leaf (MX)."""
+  return _gathered_form(lowp.fp4, arguments)
+
+
+def onebit_sgd_per_leaf(**arguments) -> optax.GradientTransformation | None:
+  """``onebit_sgd(...)`` per leaf: two means per column of each leaf's matrix."""
+  return _gathered_form(onebit.onebit_sgd, arguments)

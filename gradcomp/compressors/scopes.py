@@ -83,6 +83,9 @@ _PER_LEAF_FORMS: dict[str, Callable[..., optax.GradientTransformation]] = {
   "terngrad": per_leaf_scales.terngrad_per_leaf,
   "qsgd": per_leaf_scales.qsgd_per_leaf,
   "int_quantize": per_leaf_scales.int_quantize_per_leaf,
+  "fp8": per_leaf_scales.fp8_per_leaf,
+  "fp4": per_leaf_scales.fp4_per_leaf,
+  "onebit_sgd": per_leaf_scales.onebit_sgd_per_leaf,
 }
 
 
