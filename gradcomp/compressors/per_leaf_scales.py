@@ -32,9 +32,17 @@ quantization itself on the ResNet-50 buffer (BUILD_NOTES, "Per-leaf scales
 inside a fused buffer"); each leaf's elementwise pass is one loop over its own
 values, so the group's work is one pass over its values either way.
 
+EF-signSGD, TernGrad, QSGD and int_quantize are written out here, split at
+the wire (:class:`_LeafEncoding`). FP8, FP4 and 1-bit SGD run their own
+layer-wise program on the plan's leaves with a recording exchange
+(:class:`_Recorder`, an ``exchange.Pattern``) that keeps each leaf's payload
+and decoder; the group's payloads then go in one all-gather the same way.
+
 The exchange-pattern axes (``exchanges.Pattern``), the scatter forms and
 LoCo's 8-bit residuals have no per-leaf form here: their factories return
-``None`` and LayerFusion keeps fused buffers for them.
+``None`` and LayerFusion keeps fused buffers for them. Nor do
+dynamic_fixed_point (its exponent state per leaf has no place in the fused
+state) and qgZ (not written yet).
 """
 
 from __future__ import annotations
