@@ -426,3 +426,30 @@ def test_vectors_dense_sends_1d_leaves_uncompressed():
   ):
     out, _ = tx.update(g, tx.init(g))
     np.testing.assert_array_equal(out["v"], g["v"])
+
+
+def test_householder_columns_is_lapack_s_qr():
+  """The per-leaf form's orthogonalisation against NumPy's float64 QR (LAPACK's
+  sign convention): orthonormal to float32 rounding, equal to the exact Q
+  within the first-order bound ``4 n r u kappa(P)`` (Higham Thm 19.4, the
+  perturbation of Q by ``kappa``), and the identity's columns for a zero P."""
+  from gradcomp.compressors.powersgd import householder_columns
+
+  rng = np.random.default_rng(0)
+  p = rng.standard_normal((3, 50, RANK)).astype(np.float32)
+  p[1, :, 2] = 0.0  # a zero column: no reflection, as LAPACK
+  p[2] *= 1e30  # near the float32 range: scaled by a power of two first
+  got = np.asarray(householder_columns(jnp.asarray(p)), np.float64)
+  n = p.shape[1]
+  for b in range(p.shape[0]):
+    want = np.linalg.qr(p[b].astype(np.float64))[0]
+    np.testing.assert_allclose(got[b].T @ got[b], np.eye(RANK), atol=8 * n * U)
+    if b == 1:  # rank-deficient: the column space of P, then any unit vector
+      np.testing.assert_allclose(got[b][:, :2], want[:, :2], atol=1e-5)
+      continue
+    kappa = np.linalg.cond(p[b].astype(np.float64))
+    assert np.abs(got[b] - want).max() <= 4 * n * RANK * U * kappa, b
+  np.testing.assert_array_equal(
+    householder_columns(jnp.zeros((2, 7, RANK))),
+    np.broadcast_to(np.eye(7, RANK), (2, 7, RANK)),
+  )
