@@ -2,9 +2,9 @@
 
 DESIGN §14 / issue 43 item 3: ``layerfusion(tx, plan, per_leaf=True)`` for
 EF-signSGD, TernGrad, QSGD, int_quantize, FP8, FP4 and 1-bit SGD
-(``compressors.per_leaf_scales``) computes each leaf's own scale (its buckets and blocks inside the leaf, its
-own random draws) inside the group's program, sends each group's payload in
-one all-gather, and must equal ``layerfusion(tx, "layerwise")`` of the same
+(``compressors.per_leaf_scales``) computes each leaf's own scale (its
+buckets and blocks inside the leaf, its own random draws) inside the group's
+program, sends each group's payload in one all-gather, and must equal ``layerfusion(tx, "layerwise")`` of the same
 gradient-ready order: outputs on every worker, error-feedback residuals, and
 bytes on the wire. On 8 workers over a few steps, with 1-D and 2-D leaves, a
 leaf smaller than a bucket, leaves not a multiple of the bucket, a scalar, an
