@@ -1,7 +1,8 @@
 """Per-leaf selection inside fused groups equals the layer-wise plan, bit for bit.
 
 DESIGN §14 / issue 43 item 3: ``layerfusion(tx, plan, per_leaf=True)`` for
-random-k, DGC and top-k with ``per_leaf=True`` (and with ``chunk``) runs each
+random-k, DGC, Strom's sparse_quantize and top-k with ``per_leaf=True`` (and with
+``chunk``) runs each
 leaf's own budget inside the group's program (one collective per group) and
 must equal ``layerfusion(tx, "layerwise")`` of the same gradient-ready order:
 outputs, error-feedback state and bytes on the wire. On 8 workers, over a
@@ -36,8 +37,8 @@ import harness
 STEPS = 3
 RATIO = 0.1
 # Tree order is the sorted keys. k = max(1, floor(0.1 d)): 38, 1 (of 16),
-# 2048 (sampled selections), 38 (the same size as a_w: one batched top_k),
-# 1 (of 7: rounds to the minimum), 1 (= d, the scalar), none (empty).
+# 2048 (sampled selections), 38, 1 (of 7: rounds to the minimum), 1 (= d,
+# the scalar), none (empty), 38.
 SHAPES = {
   "a_w": (24, 16),
   "b_bias": (16,),
@@ -46,10 +47,13 @@ SHAPES = {
   "e_vec": (7,),
   "f_scalar": (),
   "g_empty": (0,),
+  "h_w3": (16, 24),  # d_w2's size, in its group: one batched top_k
 }
 NAMES = sorted(SHAPES)
 ORDER = tuple(reversed(range(len(NAMES))))  # gradient-ready: last leaf first
-PLAN = Plan(num_leaves=7, groups=((6, 5, 4, 3), (2,), (1, 0)))
+# c_big shares a group (the sampled selections on a slice of it); a_w is a
+# group of one leaf (the layer-wise codec itself).
+PLAN = Plan(num_leaves=8, groups=((7, 6, 5, 4, 3), (2, 1), (0,)))
 W = harness.WORKERS
 
 
@@ -59,7 +63,7 @@ def _grads(seed: int = 0) -> dict[str, np.ndarray]:
   out = {}
   for name, shape in SHAPES.items():
     g = rng.standard_normal((STEPS, W, *shape))
-    if name in ("b_bias", "d_w2"):
+    if name in ("b_bias", "d_w2", "h_w3"):
       g = np.round(2 * g) / 2  # magnitudes in {0, 0.5, 1, ...}: many ties
     out[name] = g.astype(np.float32)
   return out
@@ -76,6 +80,9 @@ def _builders():
     "topk_chunk": lambda: gradcomp.topk(RATIO, axis_name=axis, chunk=8, value_bits=2),
     "randomk": lambda: gradcomp.randomk(RATIO, axis_name=axis, seed=3),
     "dgc": lambda: gradcomp.dgc(0.05, axis_name=axis, momentum=0.5),
+    "sparse_quantize": lambda: gradcomp.sparse_quantize(
+      1.0, max_ratio=RATIO, axis_name=axis
+    ),
     # Two stages (densities 0.25 then 0.1), one step each; clipped leaves.
     "dgc_warmup": lambda: gradcomp.dgc(
       0.1, axis_name=axis, warmup_steps=1, clip_norm=5.0
@@ -109,7 +116,7 @@ def _run(tx):
 
 
 #: The codecs whose per-buffer form is run too (the must-fail case).
-PER_BUFFER = ("topk", "randomk", "dgc")
+PER_BUFFER = ("topk", "randomk", "dgc", "sparse_quantize")
 
 
 def _plans(build, per_buffer: bool = True):
@@ -185,7 +192,7 @@ def test_the_per_buffer_form_differs(runs):
   """Must fail: one budget per group is another algorithm (the test can fail)."""
   name, by_plan = runs
   if name not in PER_BUFFER:
-    pytest.skip("run for top-k, random-k and DGC")
+    pytest.skip("run for the codecs of PER_BUFFER")
   ref_out, _ = by_plan["layerwise"]
   out, _ = by_plan["per_buffer"]
   differ = [k for k in NAMES if not np.array_equal(_bits(out[k]), _bits(ref_out[k]))]
@@ -271,14 +278,18 @@ def _collectives(tx) -> dict[str, int]:
   return counts
 
 
+# The two groups of several leaves send one collective each; the group of
+# one leaf (a_w) runs the layer-wise codec itself: top-k's and DGC's values
+# and indices (2), the tiles' positions, codes and steps (3), Strom's codes (1).
 @pytest.mark.parametrize(
   "name, want",
   [
-    ("topk", {"all_gather": 3}),
-    ("topk_chunk", {"all_gather": 3}),
+    ("topk", {"all_gather": 2 + 2}),
+    ("topk_chunk", {"all_gather": 2 + 3}),
     ("randomk", {"psum": 3, "pmax": 1}),  # the key agreed, as leafwise agrees it
-    ("dgc", {"all_gather": 3}),
-    ("dgc_warmup", {"all_gather": 3 * 2}),  # one per group in each stage
+    ("dgc", {"all_gather": 2 + 2}),
+    ("sparse_quantize", {"all_gather": 2 + 1}),
+    ("dgc_warmup", {"all_gather": (2 + 2) * 2}),  # in each of the two stages
   ],
 )
 def test_one_collective_per_group(name, want):
@@ -286,7 +297,7 @@ def test_one_collective_per_group(name, want):
   assert _collectives(tx) == want
 
 
-@pytest.mark.parametrize("name", ["topk", "dgc"])
+@pytest.mark.parametrize("name", ["topk", "dgc", "sparse_quantize"])
 def test_same_bytes_as_the_layerwise_plan(name):
   plans = _plans(_builders()[name])
   sent = {}
@@ -306,6 +317,7 @@ def test_scopes_and_forms():
     gradcomp.topk(0.1, chunk=8),
     gradcomp.randomk(0.1),
     gradcomp.dgc(0.1),
+    gradcomp.sparse_quantize(0.5),
   ):
     assert scopes.per_leaf_form(tx) is not None
   # Labels of today's compressors are unchanged (profiles carry them).

@@ -34,6 +34,7 @@ from gradcomp.compressors.base import CompressorState
 from gradcomp.compressors.dgc import (
   DGCLeafState,
   clipped,
+  dgc_codec,
   sample_size,
   warmup_schedule,
 )
@@ -41,20 +42,24 @@ from gradcomp.kernels.selection import threshold_is_direct, threshold_top_k
 
 
 def _group(leaves, state, step, hyper, axis_name):
-  """One step of a group: ``(outputs per leaf, new state)``."""
+  """One step of a group of leaves: ``(outputs per leaf, new state)``."""
   ratio, momentum, clip_norm, warmup_steps, sample_ratio = hyper
   layout = groups.layout_of(leaves)
   if layout.total == 0:
     return [jnp.zeros(s, jnp.float32) for s in layout.shapes], state
   n = exchange.num_workers(axis_name)
-  leaves = [
-    clipped(x.astype(jnp.float32), clip_norm, n) if x.size else x for x in leaves
+  g = [
+    clipped(x.astype(jnp.float32), clip_norm, n).reshape(-1)
+    if x.size
+    else x.reshape(-1).astype(jnp.float32)
+    for x in leaves
   ]
-  g = groups.fuse(leaves, layout)
-  # dgc.py's per-coordinate policy and in-place order: u over the old
-  # momentum, then v = old_v + u over the old velocity.
-  u = memory.corrected(momentum * state.momentum, g)
-  v = memory.corrected(state.velocity, u)
+  # dgc.py's per-coordinate policy: u = m u + g, then v = v + u, leaf by leaf
+  # from slices of the fused state (groups.pieces_of).
+  u_pieces = groups.pieces_of(
+    state.momentum, layout, g, lambda u, g: memory.corrected(momentum * u, g)
+  )
+  v_pieces = groups.pieces_of(state.velocity, layout, u_pieces, memory.corrected)
   densities, stage_steps = warmup_schedule(ratio, warmup_steps)
 
   def select(x, k):
@@ -63,11 +68,12 @@ def _group(leaves, state, step, hyper, axis_name):
   def exchange_at(density):
     ks = [checks.keep_count(density, d) if d else 0 for d in layout.sizes]
     values, local = groups.segmented_top_k(
-      v.reshape(-1), layout, ks, lambda d, k: threshold_is_direct(d), select
+      v_pieces, layout, ks, lambda d, k: threshold_is_direct(d), select
     )
     means = groups.gathered_means(values, local, layout, ks, axis_name)
     return means, groups.group_indices(local, layout, ks)
 
+  u, v = groups.join(u_pieces, layout), groups.join(v_pieces, layout)
   if len(densities) == 1:
     means, at = exchange_at(densities[0])
 
@@ -160,6 +166,7 @@ def dgc_per_leaf(
   warmup_steps = checks.at_least("warmup_steps", warmup_steps, 0)
   sample_ratio = checks.fraction("sample_ratio", sample_ratio)
   hyper = (ratio, momentum, clip_norm, warmup_steps, sample_ratio)
+  codec = dgc_codec(ratio, momentum, clip_norm, warmup_steps, sample_ratio, axis_name)
 
   def init_fn(params):
     key = jax.random.PRNGKey(0)
@@ -183,7 +190,10 @@ def dgc_per_leaf(
     key, _ = jax.random.split(state.key)
     outputs, states = [], []
     for group, s in zip(updates, state.leaves, strict=True):
-      out, new_s = _group(tuple(group), s, state.count, hyper, axis_name)
+      if len(group) == 1:  # the layer-wise codec itself
+        out, new_s = groups.alone(codec, group[0], s, key, state.count)
+      else:
+        out, new_s = _group(tuple(group), s, state.count, hyper, axis_name)
       outputs.append(tuple(out))
       states.append(exchange.vary_like(new_s, s))
     new_state = CompressorState(

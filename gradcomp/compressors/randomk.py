@@ -82,6 +82,14 @@ def randomk(
     Paper 000 Table 1; Stich, Cordonnier & Jaggi 2018.
   """
   ratio = checks.fraction("ratio", ratio)
+  codec = randomk_codec(ratio, axis_name, error_feedback)
+  return leafwise(codec, seed=seed, agree_key_over=axis_name)
+
+
+def randomk_codec(
+  ratio: float, axis_name: exchange.AxisName, error_feedback: bool
+) -> LeafCodec:
+  """Random-k's codec of one leaf (with its in-place memory when asked)."""
 
   def indices_of(x, key):
     size = x.size
@@ -118,4 +126,4 @@ def randomk(
   codec = LeafCodec(stateless_init, apply)
   if error_feedback:
     codec = LeafCodec(memory.error_feedback(codec).init, apply_with_memory)
-  return leafwise(codec, seed=seed, agree_key_over=axis_name)
+  return codec

@@ -149,6 +149,13 @@ def sparse_quantize(
   """
   t = checks.positive("threshold", threshold)
   max_ratio = checks.fraction("max_ratio", max_ratio)
+  return leafwise(sparse_quantize_codec(t, max_ratio, axis_name))
+
+
+def sparse_quantize_codec(
+  t: float, max_ratio: float, axis_name: exchange.AxisName
+) -> LeafCodec:
+  """The codec of one leaf, with its error feedback (checked arguments)."""
 
   def apply(x, state, key, step):
     del key, step
@@ -166,4 +173,4 @@ def sparse_quantize(
     values, indices = decode_slots(codes, t)
     return mean, sparse.add_at(x, indices, -values), state
 
-  return leafwise(error_feedback(LeafCodec(stateless_init, apply)))
+  return error_feedback(LeafCodec(stateless_init, apply))

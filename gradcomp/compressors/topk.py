@@ -276,12 +276,19 @@ def _build(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay):
   ratio, chunk, value_bits, ef_decay = checked_arguments(
     ratio, error_feedback, chunk, value_bits, ef_decay
   )
+  return leafwise(
+    topk_codec(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay)
+  )
+
+
+def topk_codec(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay):
+  """Top-k's codec of one leaf (checked arguments), with its memory when asked."""
   if chunk is None and value_bits == 32:
     apply = _flat_apply(ratio, axis_name)
   else:
     apply = _tiled_apply(ratio, axis_name, chunk, value_bits)
   codec = LeafCodec(stateless_init, apply)
-  return leafwise(memory.maybe_error_feedback(codec, error_feedback, ef_decay))
+  return memory.maybe_error_feedback(codec, error_feedback, ef_decay)
 
 
 def check_value_bits(value_bits) -> int:

@@ -45,27 +45,32 @@ from gradcomp.compressors.topk import (
   tiled_decode,
   tiled_dense,
   tiled_payload,
+  topk_codec,
 )
-from gradcomp.kernels import tiles
+from gradcomp.kernels import hashing, tiles
 from gradcomp.kernels.selection import is_direct, top_k_magnitude
 
 
 def _flat_group(leaves, state, ratio, decay, error_feedback, axis_name):
-  """One step of a group: ``(outputs per leaf, new state)``."""
+  """One step of a group of leaves: ``(outputs per leaf, new state)``."""
   layout = groups.layout_of(leaves)
   if layout.total == 0:
-    return [jnp.zeros(s, jnp.float32) for s in layout.shapes], state
-  g = groups.fuse(leaves, layout)
-  e = memory.corrected(state.residual, g, decay) if error_feedback else g
+    return [jnp.zeros(x, jnp.float32) for x in layout.shapes], state
+  pieces = groups.flat_leaves(leaves)
+  if error_feedback:  # e = beta r + g leaf by leaf (groups.pieces_of)
+    pieces = groups.pieces_of(
+      state.residual,
+      layout,
+      pieces,
+      lambda r, g: memory.corrected(r, g, decay),
+    )
   ks = [checks.keep_count(ratio, d) if d else 0 for d in layout.sizes]
-  values, local = groups.segmented_top_k(
-    e.reshape(-1), layout, ks, is_direct, top_k_magnitude
-  )
+  values, local = groups.segmented_top_k(pieces, layout, ks, is_direct, top_k_magnitude)
   means = groups.gathered_means(values, local, layout, ks, axis_name)
   if not error_feedback:
     return means, state
   at = groups.group_indices(local, layout, ks)
-  remainder = sparse.zero_at(e, at, after=values)
+  remainder = sparse.zero_at(groups.join(pieces, layout), at, after=values)
   return means, ErrorFeedbackState(remainder, ())
 
 
@@ -117,13 +122,18 @@ def _tiled_group(
   """One step of a group, each leaf tiled on its own: ``(outputs, new state)``."""
   layout = groups.layout_of(leaves)
   if layout.total == 0:
-    return [jnp.zeros(s, jnp.float32) for s in layout.shapes], state
-  g = groups.fuse(leaves, layout)
-  e = memory.corrected(state.residual, g, decay) if error_feedback else g
-  flat = e.reshape(-1)
+    return [jnp.zeros(x, jnp.float32) for x in layout.shapes], state
+  pieces = groups.flat_leaves(leaves)
+  if error_feedback:
+    pieces = groups.pieces_of(
+      state.residual,
+      layout,
+      pieces,
+      lambda r, g: memory.corrected(r, g, decay),
+    )
   tiled = [
-    tiles.to_tiles(groups.piece(flat, layout, j).reshape(shape), chunk) if d else None
-    for j, (shape, d) in enumerate(zip(layout.shapes, layout.sizes, strict=True))
+    tiles.to_tiles(x.reshape(shape), chunk) if x.size else None
+    for x, shape in zip(pieces, layout.shapes, strict=True)
   ]
   ks = [0 if t is None else checks.keep_count(ratio, t.shape[1]) for t in tiled]
   positions = _tile_positions(tiled, ks, chunk)
@@ -258,12 +268,17 @@ def topk_per_leaf(
       count=jnp.zeros([], jnp.int32), key=key, leaves=tuple(states)
     )
 
+  codec = topk_codec(ratio, axis_name, error_feedback, chunk, value_bits, decay)
+
   def update_fn(updates, state, params=None):
     del params
-    key, _ = jax.random.split(state.key)
-    outputs, states = [], []
+    key, step_key = jax.random.split(state.key)
+    outputs, states, first = [], [], 0
     for group, s in zip(updates, state.leaves, strict=True):
-      if tiled:
+      if len(group) == 1:  # the layer-wise codec itself
+        key_j = hashing.derive(step_key, first)
+        out, new_s = groups.alone(codec, group[0], s, key_j, state.count)
+      elif tiled:
         out, new_s = _tiled_group(
           tuple(group), s, ratio, chunk, value_bits, decay, error_feedback, axis_name
         )
@@ -273,6 +288,7 @@ def topk_per_leaf(
         )
       outputs.append(tuple(out))
       states.append(exchange.vary_like(new_s, s))
+      first += len(group)
     new_state = CompressorState(
       count=optax.safe_increment(state.count), key=key, leaves=tuple(states)
     )
