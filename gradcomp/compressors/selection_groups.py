@@ -4,14 +4,18 @@ The sparsifiers' published forms choose a budget per layer: random-k's
 ``k = ratio * d`` (Stich et al. 2018), DGC's sampled threshold and ``k`` per
 layer (Lin et al. 2018, §3.1), Strom's slots, and top-k where a user asks for
 per-layer selection. ``gradcomp.layerfusion`` hands their per-leaf forms
-(``randomk_groups``, ``dgc_groups``, ``topk_groups``) a tuple of groups, each
-a tuple of leaves; this module holds what they share:
+(``randomk_groups``, ``dgc_groups``, ``topk_groups``,
+``sparse_quantize_groups``) a tuple of groups, each a tuple of leaves; this
+module holds what they share:
 
 * :class:`GroupLayout`: where each leaf sits in its group's fused buffer (the
   state keeps the fused layout, one buffer per group, the leaves raveled and
   concatenated; a group of one leaf keeps the leaf's shape, as the fused form
   does);
-* :func:`segmented_top_k`: each leaf's own top ``k_j`` of one fused buffer.
+* :func:`pieces_of` and :func:`join`: the memory's update ``e = r + g`` leaf
+  by leaf, from slices of the fused state, joined into the new state once;
+* :func:`alone`: a group of one leaf runs the layer-wise codec itself;
+* :func:`segmented_top_k`: each leaf's own top ``k_j`` of the group.
   Leaves that a selection would hand to ``lax.top_k`` (the small ones) are
   stacked by size, ``(leaves of size d, d)``, and selected by one batched
   ``lax.top_k`` per size; the others run their own exact (or sampled)
