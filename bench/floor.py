@@ -215,10 +215,16 @@ def _stage_programs(label: str, d: int) -> dict[str, Any]:
   def buckets(x):
     return x[:body].reshape(-1, 512)
 
-  def payload(r, per_byte):
-    # A packed payload of ceil(d / per_byte) bytes: r's leading bytes.
+  def payload(x, per_byte):
+    # A packed payload of ceil(d / per_byte) bytes: x's leading bytes. (The
+    # decoded output is added to r: a donated output goes over the first
+    # matching input, r, so r is read in place and the payload is not.)
     words = -(-d // (4 * per_byte)) + 1
-    return jax.lax.bitcast_convert_type(r[:words], jnp.uint8).reshape(-1)
+    # Materialised first, as the codec's payload is (on a wire, or through
+    # its one-device conditional); fused into the unpack, the bitcast of a
+    # slice made XLA write a byte per coordinate.
+    packed = jax.lax.bitcast_convert_type(x[:words], jnp.uint8).reshape(-1)
+    return jax.lax.optimization_barrier(packed)
 
   def ternary(e):
     return (e >= 0.5).astype(jnp.float32) - (e <= -0.5).astype(jnp.float32)
@@ -256,7 +262,7 @@ def _stage_programs(label: str, d: int) -> dict[str, Any]:
     return {
       "e = r + g": lambda x, r: x + r,
       "ternary codes + 2-bit pack": lambda x, r: bits.pack_ternary(ternary(x + r)),
-      "unpack + residual": lambda x, r: bits.unpack_ternary(payload(r, 4), d) * 0.5 + x,
+      "unpack + residual": lambda x, r: bits.unpack_ternary(payload(x, 4), d) * 0.5 + r,
     }
   if label == "ef_signsgd":
     return {
@@ -264,7 +270,7 @@ def _stage_programs(label: str, d: int) -> dict[str, Any]:
       "mean |e|": lambda x, r: jnp.mean(jnp.abs(x + r)),
       "pack signs": lambda x, r: bits.pack_signs(x + r),
       "unpack signs * scale": lambda x, r: (
-        bits.unpack_signs(payload(r, 8), d) * 0.5 + x
+        bits.unpack_signs(payload(x, 8), d) * 0.5 + r
       ),
     }
   if label == "powersgd":
