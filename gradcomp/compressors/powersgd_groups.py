@@ -154,8 +154,11 @@ def _update_group(leaves, state: ErrorFeedbackState, rank: int, vectors, axis_na
   for ((n, m), ks), q in zip(layout.classes, state.inner.qs, strict=True):
     # 1-D leaves of different sizes can share a near-square shape: each is
     # zero-padded to it on its own.
-    rows = jnp.stack([_padded(piece(k), n * m) for k in ks])
-    matrix = jax.lax.optimization_barrier(rows).reshape(len(ks), n, m)
+    if len(ks) == 1:  # a shape of its own: its matrix, no copy into a stack
+      matrix = _padded(piece(ks[0]), n * m).reshape(1, n, m)
+    else:
+      rows = jnp.stack([_padded(piece(k), n * m) for k in ks])
+      matrix = jax.lax.optimization_barrier(rows).reshape(len(ks), n, m)
     matrices.append(matrix)
     ps.append(matrix @ (unit_columns(q) * headroom(m)))
   dense = [piece(k) for k in layout.dense]
@@ -181,31 +184,34 @@ def _update_group(leaves, state: ErrorFeedbackState, rank: int, vectors, axis_na
     ):
       # Saturating the small factor bounds every entry of P Q^T by max / 2.
       new_qs.append(jnp.clip(q * (1.0 / headroom(n)), -limit, limit))
-  # Each leaf's P Q^T and remainder M - P Q^T, in one pass per matrix shape;
-  # a dense leaf sent all of itself (remainder 0).
+  # Each leaf's P Q^T, and its remainder e - P Q^T from its own e = r + g
+  # (not from the stack: read from there, XLA:CPU stacked the leaves twice),
+  # written into the group's residual in place; a dense leaf sent all of
+  # itself (remainder 0).
   big = numerics.FLOAT32_MAX
   outputs: list[jax.Array | None] = [None] * len(leaves)
   kept: list[jax.Array | None] = [None] * len(leaves)
-  for ((n, m), ks), matrix, p_hat, q in zip(
-    layout.classes, matrices, p_hats, new_qs, strict=True
-  ):
-    approx = outer_product(p_hat, q)
-    left = jnp.clip(matrix - approx, -big, big)
-    # Materialised here: fused into the slices that follow, the whole
-    # computation is repeated per leaf and XLA:CPU's compile of a ResNet-50
-    # group took minutes.
-    approx, left = jax.lax.optimization_barrier((approx, left))
-    approx = approx.reshape(len(ks), n * m)
-    left = left.reshape(len(ks), n * m)
+  for (_, ks), p_hat, q in zip(layout.classes, p_hats, new_qs, strict=True):
     for b, k in enumerate(ks):
-      outputs[k] = approx[b, : layout.sizes[k]]
-      kept[k] = left[b, : layout.sizes[k]]
+      approx = outer_product(p_hat[b], q[b]).reshape(-1)[: layout.sizes[k]]
+      outputs[k] = approx
+      kept[k] = jnp.clip(pieces[k] - approx, -big, big)
   for k, mean in zip(layout.dense, dense_means, strict=True):
     outputs[k], kept[k] = mean, jnp.zeros_like(mean)
   for k, size in enumerate(layout.sizes):
     if size == 0:
       outputs[k] = kept[k] = jnp.zeros((0,), jnp.float32)
-  remainder = _concat(kept)
+  if len(leaves) == 1:
+    remainder = kept[0]
+  else:
+    # One in-place update per leaf: a concatenation of the group's leaves
+    # makes XLA:CPU branch over all of them for every value it writes.
+    remainder = residual
+    for k, piece_k in enumerate(kept):
+      if layout.sizes[k]:
+        remainder = jax.lax.dynamic_update_slice(
+          remainder, piece_k, (layout.offsets[k],)
+        )
   new_state = ErrorFeedbackState(
     residual=remainder.reshape(state.residual.shape),
     inner=PowerSGDGroupState(tuple(new_qs)),
