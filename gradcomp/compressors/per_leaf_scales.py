@@ -230,6 +230,10 @@ def _update_group(
   if not error_feedback:
     return outputs, state
   kept = [(e - own).reshape(-1) for e, own in zip(es, owns, strict=True)]
+  # Materialised first: a concatenation fused with what computes its pieces
+  # makes XLA:CPU pick the piece per value from all of them (20 % of
+  # EF-signSGD's call on the ResNet-50 gradient).
+  kept = jax.lax.optimization_barrier(kept)
   remainder = kept[0] if len(kept) == 1 else jnp.concatenate(kept)
   return outputs, ErrorFeedbackState(remainder.reshape(state.residual.shape), ())
 
@@ -455,6 +459,7 @@ def _group_states(groups, leaf_states, like) -> tuple:
       out.append(())
       continue
     kept = [m.residual.reshape(-1) for m in mine]
+    kept = jax.lax.optimization_barrier(kept)  # as in _update_group
     joined = kept[0] if len(kept) == 1 else jnp.concatenate(kept)
     out.append(ErrorFeedbackState(joined.reshape(s.residual.shape), ()))
   return tuple(out)
