@@ -4,6 +4,7 @@ Example::
 
   python -m bench compress --model resnet50 --repeats 7 --only topk,dgc
   python -m bench floor --model resnet50 --repeats 9
+  python -m bench per-leaf --models resnet50,gpt2_small --plans single,auto
   python -m bench sketch
   python -m bench fusion --models resnet20,resnet50 --compressor topk
   python -m bench search
@@ -84,6 +85,17 @@ def _floor(args: argparse.Namespace) -> None:
     )
   except ValueError as e:
     raise SystemExit(f"python -m bench floor: error: {e}") from None
+
+
+def _per_leaf(args: argparse.Namespace) -> None:
+  from bench import per_leaf
+
+  try:
+    per_leaf.run(
+      args.models.split(","), args.rank, args.plans.split(","), args.repeats, args.out
+    )
+  except ValueError as e:
+    raise SystemExit(f"python -m bench per-leaf: error: {e}") from None
 
 
 def _sketch(args: argparse.Namespace) -> None:
@@ -629,6 +641,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     "(e.g. qsgd,sketch_topk,powersgd,threshold_quantize,ef_signsgd)",
   )
   fl.set_defaults(func=_floor)
+  pl = suites.add_parser(
+    "per-leaf",
+    help="PowerSGD per leaf inside LayerFusion against the seed's single buffer, "
+    "interleaved in one process",
+  )
+  pl.add_argument("--models", default="resnet50,gpt2_small")
+  pl.add_argument("--rank", type=int, default=4)
+  pl.add_argument("--plans", default="single,auto", help="comma-separated plans")
+  pl.add_argument("--repeats", type=int, default=7, help="interleaved rounds")
+  pl.add_argument("--out", default="bench_out/", help="directory for per_leaf.json")
+  pl.set_defaults(func=_per_leaf)
   s = suites.add_parser(
     "sketch", help="Count Sketch / sketch_topk stages: time and peak memory"
   )

@@ -172,9 +172,10 @@ def _entries() -> tuple[Entry, ...]:
         _SYNC,
         "powersgd",
         {**transformer.POWERSGD, **_WARM},
-        "layerwise",
+        "single",
         why="rank 4 per 2-D leaf, 1-D leaves dense (Vogels et al. 2019): "
-        "each leaf its own factors and exchange; after "
+        "each leaf its own factors, LayerFusion's per-leaf form in one "
+        "exchange per step; after "
         f"{DENSE_WARMUP} dense steps, then AdamW",
       ),
       every,
@@ -188,9 +189,9 @@ def _entries() -> tuple[Entry, ...]:
         _SYNC,
         "ef_signsgd",
         dict(_WARM),
-        "layerwise",
-        why="scaled sign with EF, its scale per leaf as published (plan "
-        f"layerwise: no fused per-leaf form yet); after {DENSE_WARMUP} dense "
+        "single",
+        why="scaled sign with EF, its scale per leaf as published "
+        f"(LayerFusion's per-leaf form); after {DENSE_WARMUP} dense "
         "steps, then AdamW",
       ),
       every,

@@ -19,9 +19,10 @@ hyper-parameter is tuned per method):
 * ``topk``: top-k 1 % with error feedback over one fused buffer
   (``fusion.plan="single"``: a global top-k, one all-gather per step);
 * ``powersgd``: rank 4 per 2-D leaf, 1-D leaves dense (:data:`POWERSGD`),
-  plan ``layerwise`` (each leaf its own factors and exchange, as published);
-  ``ef_signsgd``: the scaled sign
-  with error feedback; ``qsgd``: its default levels; both plan ``single``;
+  plan ``single`` (LayerFusion's per-leaf form: each leaf its own factors,
+  as published, in one exchange); ``ef_signsgd``: the scaled sign with error
+  feedback, its scale per leaf (the per-leaf form); ``qsgd``: its default
+  levels, buckets per leaf; all three plan ``single``;
 * ``diloco``: DiLoCo (Douillard et al. 2023, Alg. 1): AdamW inner steps,
   every :data:`DILOCO_EVERY` = 32 steps the dense mean pseudo-gradient
   through outer Nesterov SGD at lr 0.7, momentum 0.9 (the paper's outer
@@ -157,10 +158,11 @@ class Method:
 
 _TOPK = {"ratio": TOPK_RATIO}
 #: PowerSGD as Vogels et al. 2019 run it: rank 4 per 2-D leaf, 1-D leaves
-#: (biases, LayerNorm) sent dense, under plan ``"layerwise"`` (two all-reduces
-#: per leaf). LayerFusion's fused per-leaf form (``per_leaf=True``) computes
-#: the same within float32 in two all-reduces per group, but is opt-in until
-#: its time on large trees is fixed, and the program does not select it.
+#: (biases, LayerNorm) sent dense. Under plan ``"single"`` LayerFusion runs its
+#: per-leaf form (the default ``per_leaf=None``): each leaf its own P, Q, equal
+#: shapes batched, two all-reduces per step for the whole model; the same as
+#: plan ``"layerwise"`` (two all-reduces per leaf) within float32
+#: (tests/test_fusion_semantics.py).
 POWERSGD = {"rank": 4, "vectors": "dense"}
 _DILOCO = {"name": "local_sgd", "every": DILOCO_EVERY, **OUTER}
 _SYNC = {"name": "none"}
@@ -193,9 +195,9 @@ METHODS: dict[str, Method] = {
       _SYNC,
       "powersgd",
       POWERSGD,
-      "layerwise",
-      why="rank 4 per leaf, as published: each 2-D leaf its own P, Q and "
-      "exchange, 1-D leaves dense",
+      "single",
+      why="rank 4 per leaf, as published: each 2-D leaf its own P, Q, 1-D "
+      "leaves dense; LayerFusion's per-leaf form, one exchange per step",
     ),
     Method("ef_signsgd", _SYNC, "ef_signsgd", plan="single", why="scaled sign, EF"),
     Method("qsgd", _SYNC, "qsgd", plan="single", why="default levels"),

@@ -189,20 +189,29 @@ def test_onebit_phases_are_re_priced_on_the_cluster_s_workers():
 
 
 def test_powersgd_is_per_leaf_and_sends_vectors_dense():
-  """The suite's PowerSGD: each 2-D leaf its own factors (plan layerwise),
-  1-D leaves dense."""
+  """The suite's PowerSGD: each 2-D leaf its own factors (plan single, which
+  LayerFusion runs in its per-leaf form), 1-D leaves dense: a rank-1 leaf
+  comes back exact, which the seed's one matrix per group
+  (``per_leaf=False``) does not give."""
   import gradcomp
   from train import optimizer
 
   m = transformer.METHODS["powersgd"]
   config = transformer.configure(m, seed=0, steps=600, eval_every=100)
-  assert config.fusion.plan == "layerwise"
+  assert config.fusion.plan == "single"
   inner = optimizer.compressor(config.compressor, None)
-  g = {"v": np.array([1.0, -2.0, 3.0], np.float32), "w": np.ones((4, 3), np.float32)}
+  rng = np.random.default_rng(0)
+  w = np.outer(rng.normal(size=32), rng.normal(size=24)).astype(np.float32)
+  g = {"v": rng.normal(size=32).astype(np.float32), "w": w}
   tx = gradcomp.layerfusion(inner, config.fusion.plan)
   out, _ = tx.update(g, tx.init(g))
   np.testing.assert_array_equal(out["v"], g["v"])  # Dense: sent as it is.
-  np.testing.assert_allclose(out["w"], g["w"], rtol=1e-6)  # Rank 1 <= 4: exact.
+  np.testing.assert_allclose(out["w"], w, rtol=1e-5, atol=1e-6)  # Rank 1 <= 4.
+  # The seed's form: one matrix of the group's 800 values (its vectors="dense"
+  # would send that 1-D buffer dense), rank 4 of a matrix that is not low-rank.
+  seed = gradcomp.layerfusion(gradcomp.powersgd(rank=4), "single", per_leaf=False)
+  out, _ = seed.update(g, seed.init(g))
+  assert not np.allclose(out["w"], w, rtol=1e-2)
 
 
 def test_a_scatter_form_is_re_priced_on_the_cluster_s_workers():
