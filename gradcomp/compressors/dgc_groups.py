@@ -73,9 +73,9 @@ def _group(leaves, state, step, hyper, axis_name):
     means = groups.gathered_means(values, local, layout, ks, axis_name)
     return means, groups.group_indices(local, layout, ks)
 
-  u, v = groups.join(u_pieces, layout), groups.join(v_pieces, layout)
   if len(densities) == 1:
     means, at = exchange_at(densities[0])
+    after = at
 
     def clear(a):
       return sparse.zero_at(a, at)
@@ -84,18 +84,23 @@ def _group(leaves, state, step, hyper, axis_name):
     # Each stage has its own static payload; the stage is the same on every
     # worker and for every leaf, so the group takes one branch.
     def with_unsent_mask(density):
-      def run(v):
+      def run():
         means, at = exchange_at(density)
-        return means, sparse.zero_at(jnp.ones_like(v), at)
+        ones = jnp.ones(layout.shape, jnp.float32)
+        return means, sparse.zero_at(ones, at)
 
       return run
 
     which = jnp.minimum(step // stage_steps, len(densities) - 1)
-    means, unsent = jax.lax.switch(which, [with_unsent_mask(d) for d in densities], v)
+    means, unsent = jax.lax.switch(which, [with_unsent_mask(d) for d in densities])
+    after = unsent
 
     def clear(a):
       return a * unsent
 
+  # The new state waits for the selections that read the old (groups.join).
+  u = groups.join(u_pieces, layout, after)
+  v = groups.join(v_pieces, layout, after)
   remainder = clear(v)
   return means, DGCLeafState(momentum=clear(u), velocity=remainder)
 

@@ -74,7 +74,7 @@ def _group(leaves, state, t, max_ratio, axis_name):
     outputs = means(gathered, exchange.num_workers(axis_name))
   # r = e - q at the slots only, in place (sparse_quantize's order).
   sent, at = decode_slots(codes, t)
-  e = groups.join(pieces, layout)
+  e = groups.join(pieces, layout, codes)
   remainder = sparse.add_at(e, groups.group_indices(at, layout, ks), -sent)
   return outputs, memory.ErrorFeedbackState(remainder, ())
 

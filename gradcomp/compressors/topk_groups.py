@@ -70,7 +70,7 @@ def _flat_group(leaves, state, ratio, decay, error_feedback, axis_name):
   if not error_feedback:
     return means, state
   at = groups.group_indices(local, layout, ks)
-  remainder = sparse.zero_at(groups.join(pieces, layout), at, after=values)
+  remainder = sparse.zero_at(groups.join(pieces, layout, values), at, after=values)
   return means, ErrorFeedbackState(remainder, ())
 
 
@@ -184,7 +184,7 @@ def _tiled_group(
     rows = jnp.arange(t.shape[0])[:, None]
     left = t.at[rows, positions[j]].add(-sents[j])
     kept.append(tiles.from_tiles(left, layout.shapes[j], chunk).reshape(-1))
-  remainder = jnp.concatenate(kept).reshape(layout.shape)
+  remainder = groups.join(kept, layout, words)
   return outputs, ErrorFeedbackState(remainder, ())
 
 
