@@ -89,17 +89,30 @@ def test_dense_then_the_compressor_started_fresh(mesh, name):
   outs, state = run(mesh, dense_warmup(bare, WARMUP, axis_name=AXIS), grads)
   dense, _ = run(mesh, gradcomp.none(AXIS), {k: g[:WARMUP] for k, g in grads.items()})
   after, bare_state = run(mesh, bare, {k: g[WARMUP:] for k, g in grads.items()})
+  # Then the compressor's own updates from its init: bit for bit, except that
+  # XLA:CPU may compile PowerSGD's products and orthogonalisation inside the
+  # warm-up's conditional differently from the bare program (FMA contraction,
+  # summation order). Its steps are products of length <= 8 and the QR of a
+  # well-conditioned 8 x 2 P, three times: a few roundings of the largest
+  # value each; 64 u is that argument with a margin. A state not started
+  # fresh differs by O(1).
+  same = np.testing.assert_array_equal
+  if name == "powersgd":
+
+    def same(got, want):
+      tol = 64 * np.finfo(np.float32).eps * max(1.0, float(np.abs(want).max()))
+      np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+
   for k in SHAPES:
     # The warm-up is gradcomp.none's float32 mean, bit for bit.
     np.testing.assert_array_equal(outs[k][:WARMUP], dense[k])
-    # Then the compressor's own updates from its init, bit for bit.
-    np.testing.assert_array_equal(outs[k][WARMUP:], after[k])
+    same(outs[k][WARMUP:], after[k])
   assert isinstance(state, DenseWarmupState)
   assert np.all(state.count == WARMUP)
   for got, want in zip(
     jax.tree.leaves(state.inner), jax.tree.leaves(bare_state), strict=True
   ):
-    np.testing.assert_array_equal(got, want)
+    same(got, want)
 
 
 def test_the_compressor_state_is_untouched_through_the_warmup(mesh):
