@@ -195,24 +195,12 @@ def randomk_per_leaf(
     if axis_name is not None:
       exchange._global_only(axis_name, "a key agreed (pmax)")
       step_key = jax.lax.pmax(step_key, axis_name)
-    outputs, states, first = [], [], 0
-    for group, s in zip(updates, state.leaves, strict=True):
-      out, new_s = _group(
-        tuple(group),
-        s,
-        first,
-        step_key,
-        state.count,
-        ratio,
-        error_feedback,
-        axis_name,
+
+    def one_group(group, s, first):
+      return _group(
+        group, s, first, step_key, state.count, ratio, error_feedback, axis_name
       )
-      outputs.append(tuple(out))
-      states.append(exchange.vary_like(new_s, s))
-      first += len(group)
-    new_state = CompressorState(
-      count=optax.safe_increment(state.count), key=key, leaves=tuple(states)
-    )
-    return tuple(outputs), new_state
+
+    return groups.each_group(updates, state, key, one_group)
 
   return optax.GradientTransformation(init_fn, update_fn)

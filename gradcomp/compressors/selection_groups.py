@@ -37,6 +37,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from gradcomp.compressors import exchange, sparse
 from gradcomp.kernels import ordering
@@ -95,6 +96,26 @@ def alone(codec, leaf: jax.Array, state, key: jax.Array, step: jax.Array):
     return [jnp.zeros(leaf.shape, jnp.float32)], state
   mean, _, new_state = codec.apply(leaf.astype(jnp.float32), state, key, step)
   return [mean], new_state
+
+
+def each_group(updates, state, key: jax.Array, one_group: Callable):
+  """``(outputs, state)`` of a per-leaf form: ``one_group`` on every group.
+
+  ``one_group(group, s, first)`` takes a group's tuple of leaves, its state
+  and the plan index of its first leaf, and returns ``(outputs, new_s)``;
+  each new state is typed as varying like the old one, and the step count
+  advances once, with ``key`` the compressor's next key.
+  """
+  outputs, states, first = [], [], 0
+  for group, s in zip(updates, state.leaves, strict=True):
+    out, new_s = one_group(tuple(group), s, first)
+    outputs.append(tuple(out))
+    states.append(exchange.vary_like(new_s, s))
+    first += len(group)
+  new_state = state._replace(
+    count=optax.safe_increment(state.count), key=key, leaves=tuple(states)
+  )
+  return tuple(outputs), new_state
 
 
 def join(

@@ -147,17 +147,13 @@ def sparse_quantize_per_leaf(
   def update_fn(updates, state, params=None):
     del params
     key, _ = jax.random.split(state.key)
-    outputs, states = [], []
-    for group, s in zip(updates, state.leaves, strict=True):
+
+    def one_group(group, s, first):
+      del first
       if len(group) == 1:  # the layer-wise codec itself
-        out, new_s = groups.alone(codec, group[0], s, key, state.count)
-      else:
-        out, new_s = _group(tuple(group), s, t, max_ratio, axis_name)
-      outputs.append(tuple(out))
-      states.append(exchange.vary_like(new_s, s))
-    new_state = CompressorState(
-      count=optax.safe_increment(state.count), key=key, leaves=tuple(states)
-    )
-    return tuple(outputs), new_state
+        return groups.alone(codec, group[0], s, key, state.count)
+      return _group(group, s, t, max_ratio, axis_name)
+
+    return groups.each_group(updates, state, key, one_group)
 
   return optax.GradientTransformation(init_fn, update_fn)

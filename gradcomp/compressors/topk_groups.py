@@ -273,25 +273,17 @@ def topk_per_leaf(
   def update_fn(updates, state, params=None):
     del params
     key, step_key = jax.random.split(state.key)
-    outputs, states, first = [], [], 0
-    for group, s in zip(updates, state.leaves, strict=True):
+
+    def one_group(group, s, first):
       if len(group) == 1:  # the layer-wise codec itself
         key_j = hashing.derive(step_key, first)
-        out, new_s = groups.alone(codec, group[0], s, key_j, state.count)
-      elif tiled:
-        out, new_s = _tiled_group(
-          tuple(group), s, ratio, chunk, value_bits, decay, error_feedback, axis_name
+        return groups.alone(codec, group[0], s, key_j, state.count)
+      if tiled:
+        return _tiled_group(
+          group, s, ratio, chunk, value_bits, decay, error_feedback, axis_name
         )
-      else:
-        out, new_s = _flat_group(
-          tuple(group), s, ratio, decay, error_feedback, axis_name
-        )
-      outputs.append(tuple(out))
-      states.append(exchange.vary_like(new_s, s))
-      first += len(group)
-    new_state = CompressorState(
-      count=optax.safe_increment(state.count), key=key, leaves=tuple(states)
-    )
-    return tuple(outputs), new_state
+      return _flat_group(group, s, ratio, decay, error_feedback, axis_name)
+
+    return groups.each_group(updates, state, key, one_group)
 
   return optax.GradientTransformation(init_fn, update_fn)
