@@ -60,7 +60,7 @@ from gradcomp.compressors import exchange as exchanges
 from gradcomp.compressors.base import CompressorState
 from gradcomp.compressors.intq import decode_rows, encode_rows
 from gradcomp.compressors.memory import ErrorFeedbackState, corrected
-from gradcomp.compressors.quantizers import _quantize_buckets
+from gradcomp.compressors.quantizers import bucket_codes
 from gradcomp.kernels import bits, blockq, hashing, numerics, ordering
 from gradcomp.kernels.hashing import hash_uniform
 
@@ -122,17 +122,7 @@ def _qsgd_buckets(levels: int, bucket_size: int, axis_name) -> _LeafEncoding:
   """QSGD's int8 codes and a norm per bucket of the leaf (``quantizers.qsgd``)."""
 
   def encode(x, key):
-    flat = x.reshape(-1)
-    size = flat.shape[0]
-    bucket = min(bucket_size, size)
-    body = size - size % bucket
-    parts = [flat[:body].reshape(-1, bucket)]
-    if body < size:
-      parts.append(flat[body:].reshape(1, -1))
-    key = exchanges.worker_key(key, axis_name)
-    coded = [
-      _quantize_buckets(p, hashing.derive(key, i), levels) for i, p in enumerate(parts)
-    ]
+    coded = bucket_codes(x, key, levels, bucket_size, axis_name)
     payload = tuple(a for pair in coded for a in pair)
     return payload, decode(payload, x.shape)
 

@@ -120,19 +120,7 @@ def qsgd(
 
   def apply(x, state, key, step):
     del step
-    flat = x.reshape(-1)
-    size = flat.shape[0]
-    bucket = min(bucket_size, size)
-    body = size - size % bucket
-    # Full buckets as a (buckets, bucket) view and the ragged tail apart:
-    # padding the whole leaf to a multiple of the bucket would copy it.
-    parts = [flat[:body].reshape(-1, bucket)]
-    if body < size:
-      parts.append(flat[body:].reshape(1, -1))
-    key = exchanges.worker_key(key, axis_name)
-    payload = [
-      _quantize_buckets(p, hashing.derive(key, i), levels) for i, p in enumerate(parts)
-    ]
+    payload = bucket_codes(x, key, levels, bucket_size, axis_name)
 
     def decode(*payload):
       return jnp.concatenate(
@@ -144,6 +132,26 @@ def qsgd(
 
   codec = LeafCodec(stateless_init, apply)
   return leafwise(memory.maybe_error_feedback(codec, error_feedback), seed=seed)
+
+
+def bucket_codes(x, key, levels: int, bucket_size: int, axis_name) -> list:
+  """QSGD's ``(int8 codes, scales)`` of each part of the leaf ``x``'s buckets.
+
+  Full buckets as one ``(buckets, bucket)`` view and the ragged tail apart
+  (padding the whole leaf to a multiple of the bucket would copy it); part
+  ``i`` draws from ``derive(worker_key(key), i)``.
+  """
+  flat = x.reshape(-1)
+  size = flat.shape[0]
+  bucket = min(bucket_size, size)
+  body = size - size % bucket
+  parts = [flat[:body].reshape(-1, bucket)]
+  if body < size:
+    parts.append(flat[body:].reshape(1, -1))
+  key = exchanges.worker_key(key, axis_name)
+  return [
+    _quantize_buckets(p, hashing.derive(key, i), levels) for i, p in enumerate(parts)
+  ]
 
 
 def _quantize_buckets(buckets, key, levels: int):
