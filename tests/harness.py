@@ -132,6 +132,32 @@ def sharded_steps(tx):
   return jax.jit(f)
 
 
+def every_step(tx, grads, params, *, state_after: bool = True):
+  """Every worker's output and state at each step of a scan, as NumPy.
+
+  ``grads``: leaves (T, workers, ...); ``params`` shapes ``tx.init``. Returns
+  ``(outs, states)``, each with leading axes (T, workers): the state after
+  each step (``state_after``) or before it.
+  """
+
+  def steps(g, state):
+    state = gradcomp.drop_worker_axis(state)
+
+    def body(state, g):
+      out, new = tx.update(jax.tree.map(lambda x: x[0], g), state)
+      kept = new if state_after else state
+      return new, (gradcomp.add_worker_axis(out), gradcomp.add_worker_axis(kept))
+
+    _, per_step = jax.lax.scan(body, state, g)
+    return per_step
+
+  f = jax.shard_map(
+    steps, mesh=mesh(), in_specs=(P(None, AXIS), P(AXIS)), out_specs=P(None, AXIS)
+  )
+  outs, states = jax.jit(f)(shard(grads, P(None, AXIS)), worker_state(tx, params))
+  return jax.tree.map(np.asarray, outs), jax.tree.map(np.asarray, states)
+
+
 def pmapped_update(tx):
   return jax.pmap(tx.update, axis_name=AXIS)
 

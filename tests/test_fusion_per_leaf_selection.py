@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 import gradcomp
 from gradcomp.compressors import scopes
@@ -92,27 +91,7 @@ def _builders():
 
 def _run(tx):
   """Per step: every worker's outputs, and every worker's state after the step."""
-
-  def steps(g, state):
-    state = gradcomp.drop_worker_axis(state)
-
-    def body(state, g):
-      out, new = tx.update(jax.tree.map(lambda x: x[0], g), state)
-      return new, (gradcomp.add_worker_axis(out), gradcomp.add_worker_axis(new))
-
-    _, per_step = jax.lax.scan(body, state, g)
-    return per_step
-
-  f = jax.shard_map(
-    steps,
-    mesh=harness.mesh(),
-    in_specs=(P(None, harness.AXIS), P(harness.AXIS)),
-    out_specs=P(None, harness.AXIS),
-  )
-  outs, states = jax.jit(f)(
-    harness.shard(GRADS, P(None, harness.AXIS)), harness.worker_state(tx, PARAMS)
-  )
-  return jax.tree.map(np.asarray, outs), jax.tree.map(np.asarray, states)
+  return harness.every_step(tx, GRADS, PARAMS)
 
 
 #: The codecs whose per-buffer form is run too (the must-fail case).

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 import gradcomp
 from gradcomp.compressors import scopes
@@ -138,28 +137,8 @@ def _low_rank_grads(seed: int = 0) -> dict[str, np.ndarray]:
 
 def _run(tx, grads):
   """Per step: every worker's output and every worker's state *before* the step."""
-
-  def steps(g, state):
-    state = gradcomp.drop_worker_axis(state)
-
-    def body(state, g):
-      out, new = tx.update(jax.tree.map(lambda x: x[0], g), state)
-      return new, (gradcomp.add_worker_axis(out), gradcomp.add_worker_axis(state))
-
-    _, per_step = jax.lax.scan(body, state, g)
-    return per_step
-
-  f = jax.shard_map(
-    steps,
-    mesh=harness.mesh(),
-    in_specs=(P(None, harness.AXIS), P(harness.AXIS)),
-    out_specs=P(None, harness.AXIS),
-  )
   params = {k: jnp.zeros(s, jnp.float32) for k, s in SHAPES.items()}
-  outs, states = jax.jit(f)(
-    harness.shard(grads, P(None, harness.AXIS)), harness.worker_state(tx, params)
-  )
-  return jax.tree.map(np.asarray, outs), jax.tree.map(np.asarray, states)
+  return harness.every_step(tx, grads, params, state_after=False)
 
 
 def _bound(name: str, g: np.ndarray, residual: np.ndarray, q: np.ndarray):
