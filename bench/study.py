@@ -21,7 +21,8 @@ transformer suite's machinery (:func:`bench.transformer.configure`,
    (:func:`choose`): the lowest wins; runs within :data:`TIE_BPB` of it are
    tied and the one nearest the usual point wins; a run stopped by non-finite
    steps or with a non-finite bpb is never chosen. A choice at the edge of its
-   grid is flagged.
+   grid is flagged and the grid grows one step beyond that edge
+   (:func:`extension`), up to :data:`MAX_EXTENSIONS` points.
 3. **Three seeds** at the chosen point: seed 0 is the grid's run (the same
    workdir, so ``--reuse`` reads it back), seeds 1 and 2 are trained.
 4. **One clipping rule and one decay mask** (:data:`PROTOCOL_FIELDS`):
@@ -106,6 +107,8 @@ BANDWIDTHS_GBPS = (1.0, 10.0, 100.0)
 QUALITY = 0.02
 #: Seed-0 finals closer than this (bits per byte) are a tie.
 TIE_BPB = 1e-3
+#: Points added beyond a grid's edge while the choice stays at it.
+MAX_EXTENSIONS = 2
 #: The families, in the page's order.
 FAMILIES = ("every-step", "periodic")
 PHASES = ("grid", "seeds", "all", "page")
@@ -451,6 +454,43 @@ def choose(grid: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
   }
 
 
+def extension(grid: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+  """The next point beyond the edge the seed-0 choice sits at, or ``None``.
+
+  A choice at a grid's edge says the best rate may lie beyond it, so the
+  grid grows one step that way, by the ratio of the edge's two neighbouring
+  values (x2 on a doubling grid), the chosen point's other fields kept. One
+  field per step, the first at its edge; ``None`` when the choice is
+  interior, there is none, or the point was already run.
+
+  Examples:
+    >>> grid = [
+    ...   {"key": "a", "point": {"lr": 2.0}, "final_bpb": 2.0, "stopped": None},
+    ...   {"key": "b", "point": {"lr": 1.0}, "final_bpb": 2.1, "stopped": None},
+    ...   {"key": "c", "point": {"lr": 4.0}, "final_bpb": 1.9, "stopped": None},
+    ... ]
+    >>> extension(grid)
+    {'lr': 8.0}
+    >>> extension(grid[:2] + [{**grid[2], "final_bpb": 2.5}]) is None
+    True
+  """
+  choice = choose(grid)
+  if choice is None or not choice["edge"]:
+    return None
+  for field, value in choice["point"].items():
+    values = sorted({g["point"][field] for g in grid})
+    if len(values) < 2 or value not in (values[0], values[-1]):
+      continue
+    if value == values[-1]:
+      beyond = value * (values[-1] / values[-2])
+    else:
+      beyond = value / (values[1] / values[0])
+    point = {**choice["point"], field: float(f"{beyond:.6g}")}
+    if all(g["point"] != point for g in grid):
+      return point
+  return None
+
+
 def _has_field(config, dotted: str) -> bool:
   node = config
   for part in dotted.split("."):
@@ -499,7 +539,9 @@ def protocol(windows: Sequence[int], seeds: int, steps: int = 600) -> dict[str, 
     "for the freeze",
     "selection": "each method's grid on seed 0; the lowest final validation bpb "
     f"wins; within {TIE_BPB:g} bpb a tie, the point nearest the family's usual "
-    "value wins; a stopped or non-finite run is never chosen",
+    "value wins; a stopped or non-finite run is never chosen; a choice at its "
+    "grid's edge grows the grid one step beyond that edge (the grid's own "
+    f"ratio, x2 for AdamW's), up to {MAX_EXTENSIONS} points",
     "periodic_grid": "a cross through the usual point: every inner rate at the "
     "usual outer rate, every outer rate at the usual inner rate",
     "seeds": seeds,
@@ -647,19 +689,22 @@ def _run_size(
       )
       return r
 
+    def grid_run(point):
+      r = train(0, point)
+      return {
+        "key": point_key(point),
+        "point": point,
+        "final_bpb": r["curve"]["bpb"][-1],
+        "stopped": r.get("stopped"),
+        "run": r,
+      }
+
     if phase in ("grid", "all"):
-      grid = []
-      for point in grid_points(entry):
-        r = train(0, point)
-        grid.append(
-          {
-            "key": point_key(point),
-            "point": point,
-            "final_bpb": r["curve"]["bpb"][-1],
-            "stopped": r.get("stopped"),
-            "run": r,
-          }
-        )
+      grid = [grid_run(point) for point in grid_points(entry)]
+      for _ in range(MAX_EXTENSIONS):
+        if (beyond := extension(grid)) is None:
+          break
+        grid.append(grid_run(beyond))
     else:
       grid = kept.get("grid")
       if not grid:

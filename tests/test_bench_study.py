@@ -85,6 +85,37 @@ def test_a_periodic_grid_is_a_cross_and_an_outer_edge_is_flagged():
   assert choice["point"] == {LR: 3e-3, OUTER: 1.0} and choice["edge"]
 
 
+def test_a_choice_at_an_edge_grows_the_grid_beyond_it_one_field_at_a_time():
+  """The cross grid of a periodic method: an inner rate chosen at the top edge
+  adds the next doubling at the chosen outer rate; an outer rate chosen at
+  the bottom edge adds the next step down by the outer grid's own ratio; an
+  interior choice, or a beyond-point already run, adds nothing."""
+  lr, outer = "optimizer.learning_rate", "scheme.outer_learning_rate"
+  points = study.grid_points(study.ENTRIES["diloco"])
+
+  def grid(best):
+    return [
+      {
+        "key": study.point_key(p),
+        "point": p,
+        "final_bpb": 1.0 if p == best else 2.0,
+        "stopped": None,
+      }
+      for p in points
+    ]
+
+  top_lr = {lr: max(study.ADAMW_RATES), outer: 0.7}
+  assert study.extension(grid(top_lr)) == {lr: 2 * max(study.ADAMW_RATES), outer: 0.7}
+  low_outer = {lr: 3e-3, outer: min(study.OUTER_RATES)}
+  ratio = study.OUTER_RATES[1] / study.OUTER_RATES[0]
+  beyond = study.extension(grid(low_outer))
+  assert beyond[lr] == 3e-3 and beyond[outer] == pytest.approx(0.5 / ratio, rel=1e-6)
+  assert study.extension(grid(points[0])) is None  # The usual point: interior.
+  g = grid(top_lr)
+  g.append({**g[0], "point": study.extension(g), "final_bpb": 3.0})
+  assert study.extension(g) is None  # Beyond it is worse: lr 6e-3 is interior.
+
+
 def test_every_method_has_its_grid_the_protocol_and_its_warm_up():
   for label, e in study.ENTRIES.items():
     assert len(e.rates) >= 3 and list(e.rates) == sorted(e.rates), label
@@ -323,6 +354,7 @@ def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
   ``test_bench_transformer``'s tiny runs, whose programs the compilation
   cache may already hold."""
   rates = {"dense": (3e-3,), "topk": (3e-3, 1e-2)}
+  monkeypatch.setattr(study, "MAX_EXTENSIONS", 0)  # Two points: always an edge.
   for label in ("dense", "topk"):
     e = study.ENTRIES[label]
     method = e.method
