@@ -11,9 +11,8 @@ receives a tuple of groups, each a tuple of leaves, and for each group
   elementwise pass each (the state is laid out as the fused form's: one
   ``u`` and one ``v`` per group, the leaves raveled and concatenated);
 * selects each leaf's coordinates from ``v`` with the leaf's own sampled
-  threshold and ``k_j`` (``selection_groups.segmented_top_k``: the small
-  leaves, which DGC selects exactly, in one batched ``lax.top_k`` per size;
-  the others by ``kernels.selection.threshold_top_k`` on their slice);
+  threshold and ``k_j`` (``selection_groups.segmented_top_k``: each leaf by
+  ``kernels.selection.threshold_top_k`` on its slice);
 * all-gathers the whole group's values and indices as one array, scatter-adds
   each leaf's mean, and clears ``u`` and ``v`` where a coordinate was sent
   (momentum factor masking). Warm-up stages switch once per group.
@@ -38,7 +37,7 @@ from gradcomp.compressors.dgc import (
   sample_size,
   warmup_schedule,
 )
-from gradcomp.kernels.selection import threshold_is_direct, threshold_top_k
+from gradcomp.kernels.selection import threshold_top_k
 
 
 def _group(leaves, state, step, hyper, axis_name):
@@ -67,9 +66,7 @@ def _group(leaves, state, step, hyper, axis_name):
 
   def exchange_at(density):
     ks = [checks.keep_count(density, d) if d else 0 for d in layout.sizes]
-    values, local = groups.segmented_top_k(
-      v_pieces, layout, ks, lambda d, k: threshold_is_direct(d), select
-    )
+    values, local = groups.segmented_top_k(v_pieces, layout, ks, select)
     means = groups.gathered_means(values, local, layout, ks, axis_name)
     return means, groups.group_indices(local, layout, ks)
 

@@ -15,12 +15,9 @@ module holds what they share:
 * :func:`pieces_of` and :func:`join`: the memory's update ``e = r + g`` leaf
   by leaf, from slices of the fused state, joined into the new state once;
 * :func:`alone`: a group of one leaf runs the layer-wise codec itself;
-* :func:`segmented_top_k`: each leaf's own top ``k_j`` of the group.
-  Leaves that a selection would hand to ``lax.top_k`` (the small ones) are
-  stacked by size, ``(leaves of size d, d)``, and selected by one batched
-  ``lax.top_k`` per size; the others run their own exact (or sampled)
-  selection on their slice. Each leaf gets the set the layer-wise plan gets,
-  ties broken as ``lax.top_k`` breaks them (lowest index first);
+* :func:`segmented_top_k`: each leaf's own top ``k_j`` of the group, by the
+  layer-wise plan's own selection on the leaf's slice, so each leaf gets the
+  set the layer-wise plan gets, ties broken as it breaks them;
 * :func:`gathered_means`: the whole group's payload, every leaf's float32
   values and int32 leaf-local indices, all-gathered as one int32 array (one
   collective per group, the layer-wise plan's bytes), then each leaf's mean
@@ -185,47 +182,37 @@ def segmented_top_k(
   pieces: Sequence[jax.Array],
   layout: GroupLayout,
   ks: Sequence[int],
-  direct: Callable[[int, int], bool],
   select: Callable[[jax.Array, int], tuple[jax.Array, jax.Array]],
 ) -> tuple[jax.Array, jax.Array]:
   """Each leaf's top ``k_j`` by magnitude, from its 1-D piece of the group.
 
-  A leaf with ``direct(d_j, k_j)`` is selected as ``lax.top_k`` of ``|x|`` in
-  float32 selects it (``kernels.selection``'s direct path): the leaves of one
-  size are stacked into a ``(leaves, d)`` matrix and selected by one batched
-  ``lax.top_k``, row by row the set and order of the single call. Any
-  other leaf runs ``select`` on
-  its slice (the layer-wise plan's own selection, which also decides what a
-  leaf with ``k_j = d_j`` sends). Empty leaves have no slot.
+  Every leaf runs ``select`` (the layer-wise plan's own selection) on its
+  own slice, so it gets the layer-wise plan's set, order and ties. Leaves of
+  one size are not stacked into one batched ``lax.top_k``: XLA:CPU lowers a
+  batched ``top_k`` of a fused operand to a full sort of every row, which
+  took ResNet-50's per-leaf top-k from 0.11 to 1.7 s (BUILD_NOTES, "What
+  fusion may change"); a 1-D ``top_k`` stays its TopK kernel. Empty leaves
+  have no slot.
 
   Args:
     pieces: each leaf's values, 1-D float32.
     layout: its :class:`GroupLayout`.
     ks: each leaf's static ``k_j`` (0 for an empty leaf).
-    direct: whether the layer-wise selection of ``(d, k)`` is one ``lax.top_k``.
     select: the layer-wise selection ``(x, k) -> (values, indices)``.
 
   Returns:
     ``(values, indices)`` of ``sum(ks)`` slots, leaf after leaf: each leaf's
     selected values and its *leaf-local* int32 indices.
   """
-  values: list[jax.Array | None] = [None] * len(ks)
-  indices: list[jax.Array | None] = [None] * len(ks)
-  classes: dict[tuple[int, int], list[int]] = {}
-  for j, (d, k) in enumerate(zip(layout.sizes, ks, strict=True)):
-    x = pieces[j]
+  values, indices = [], []
+  for x, d, k in zip(pieces, layout.sizes, ks, strict=True):
     if d == 0:
-      values[j], indices[j] = x, jnp.zeros((0,), jnp.int32)
-    elif direct(d, k):
-      classes.setdefault((d, k), []).append(j)
+      values.append(x)
+      indices.append(jnp.zeros((0,), jnp.int32))
     else:
-      values[j], indices[j] = select(x, k)
-  for (_, k), members in classes.items():
-    rows = jnp.stack([pieces[j] for j in members])
-    _, at = jax.lax.top_k(jnp.abs(rows).astype(jnp.float32), k)
-    got = jnp.take_along_axis(rows, at, axis=-1)
-    for b, j in enumerate(members):
-      values[j], indices[j] = got[b], at[b].astype(jnp.int32)
+      v, i = select(x, k)
+      values.append(v)
+      indices.append(i.astype(jnp.int32))
   return jnp.concatenate(values), jnp.concatenate(indices)
 
 

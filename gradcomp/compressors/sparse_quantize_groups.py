@@ -27,7 +27,7 @@ from gradcomp.compressors.sparse_quantize import (
   decode_slots,
   sparse_quantize_codec,
 )
-from gradcomp.kernels.selection import is_direct, top_k_magnitude
+from gradcomp.kernels.selection import top_k_magnitude
 
 
 def _group(leaves, state, t, max_ratio, axis_name):
@@ -45,7 +45,7 @@ def _group(leaves, state, t, max_ratio, axis_name):
     state.residual, layout, groups.flat_leaves(leaves), memory.corrected
   )
   ks = [checks.keep_count(max_ratio, d) if d else 0 for d in layout.sizes]
-  values, local = groups.segmented_top_k(pieces, layout, ks, is_direct, top_k_magnitude)
+  values, local = groups.segmented_top_k(pieces, layout, ks, top_k_magnitude)
   empty = np.repeat(np.asarray(layout.sizes, np.int32), ks)
   codes = jnp.where(values < 0, ~local, local)
   codes = jnp.where(jnp.abs(values) >= t, codes, empty).astype(jnp.int32)

@@ -10,9 +10,8 @@ Heafield 2017 select per layer; so does the layer-wise plan), gets
   laid out as the fused form's: one residual per group, the leaves raveled
   and concatenated);
 * selects each leaf's ``k_j = max(1, floor(ratio * d_j))`` largest
-  ``|e_i|`` from that buffer (``selection_groups.segmented_top_k``: leaves
-  of one size in one batched ``lax.top_k``, large leaves by
-  ``kernels.selection.top_k_magnitude`` on their slice);
+  ``|e_i|`` from that buffer (``selection_groups.segmented_top_k``: each
+  leaf by ``kernels.selection.top_k_magnitude`` on its slice);
 * all-gathers the whole group's values and indices as one array and
   scatter-adds each leaf's mean (``selection_groups.gathered_means``).
 
@@ -48,7 +47,7 @@ from gradcomp.compressors.topk import (
   topk_codec,
 )
 from gradcomp.kernels import hashing, tiles
-from gradcomp.kernels.selection import is_direct, top_k_magnitude
+from gradcomp.kernels.selection import top_k_magnitude
 
 
 def _flat_group(leaves, state, ratio, decay, error_feedback, axis_name):
@@ -65,7 +64,7 @@ def _flat_group(leaves, state, ratio, decay, error_feedback, axis_name):
       lambda r, g: memory.corrected(r, g, decay),
     )
   ks = [checks.keep_count(ratio, d) if d else 0 for d in layout.sizes]
-  values, local = groups.segmented_top_k(pieces, layout, ks, is_direct, top_k_magnitude)
+  values, local = groups.segmented_top_k(pieces, layout, ks, top_k_magnitude)
   means = groups.gathered_means(values, local, layout, ks, axis_name)
   if not error_feedback:
     return means, state

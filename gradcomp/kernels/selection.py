@@ -102,11 +102,7 @@ def top_k_magnitude(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
 
 def is_direct(d: int, k: int) -> bool:
-  """Whether :func:`top_k_magnitude` of ``k < d`` of ``d`` is one ``lax.top_k``.
-
-  Per-leaf selection inside a fused group batches exactly these leaves into
-  one ``lax.top_k`` per size (``gradcomp.compressors.selection_groups``).
-  """
+  """Whether :func:`top_k_magnitude` of ``k < d`` of ``d`` is one ``lax.top_k``."""
   return k < d and (d <= _DIRECT_ALWAYS or (d <= _DIRECT_SMALL_K and 100 * k <= d))
 
 
