@@ -1,7 +1,9 @@
-"""Per-leaf scales inside LayerFusion against the per-buffer and layer-wise plans, CPU.
+"""Per-leaf scales and selections inside LayerFusion against the other plans, CPU.
 
 Issue 43 item 3: the quantizers and sign codecs run per leaf inside the fused
-program (``gradcomp.compressors.per_leaf_scales``). For each codec this times,
+program (``gradcomp.compressors.per_leaf_scales``), and so do the sparsifiers
+at 1 % (:data:`SELECTIONS`: random-k, DGC, top-k with ``per_leaf=True`` and
+SparseLoCo's chunked top-k, ``selection_groups``). For each codec this times,
 on one device (``axis_name=None``: the exchange is the identity, so a call is
 compress + decompress) and on the ResNet-50 gradient (161 leaves), a jitted
 ``tx.update`` of
@@ -33,7 +35,15 @@ import gradcomp
 from bench import timing
 from gradcomp.models import shapes as shapes_lib
 
-CODECS = ("ef_signsgd", "terngrad", "qsgd", "int_quantize", "fp8", "fp4", "onebit_sgd")
+SCALES = ("ef_signsgd", "terngrad", "qsgd", "int_quantize", "fp8", "fp4", "onebit_sgd")
+#: The per-leaf selections, each at 1 % (chunked: 64 of each 4096-value tile).
+SELECTIONS = {
+  "randomk": lambda: gradcomp.randomk(0.01),
+  "dgc": lambda: gradcomp.dgc(0.01),
+  "topk_per_leaf": lambda: gradcomp.topk(0.01, per_leaf=True),
+  "topk_chunk": lambda: gradcomp.topk(64 / 4096, chunk=64),
+}
+CODECS = (*SCALES, *SELECTIONS)
 PLANS = {
   "layerwise": ("layerwise", False),
   "per-leaf": ("single", True),
@@ -54,7 +64,8 @@ def time_codec(name: str, grads, repeats: int) -> dict[str, tuple[float, float]]
   """``{plan: (min ms per call, compile s)}`` for the codec ``name``."""
   programs, compiled = [], {}
   for label, (plan, per_leaf) in PLANS.items():
-    tx = gradcomp.layerfusion(gradcomp.get(name), plan, per_leaf=per_leaf)
+    codec = SELECTIONS[name]() if name in SELECTIONS else gradcomp.get(name)
+    tx = gradcomp.layerfusion(codec, plan, per_leaf=per_leaf)
     f = jax.jit(tx.update)
     state = tx.init(grads)
     start = time.perf_counter()
@@ -69,7 +80,7 @@ def time_codec(name: str, grads, repeats: int) -> dict[str, tuple[float, float]]
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--codecs", default=",".join(CODECS))
+  parser.add_argument("--codecs", default=",".join(SCALES), help=", ".join(CODECS))
   parser.add_argument("--repeats", type=int, default=7)
   args = parser.parse_args(argv)
   codecs = [c for c in args.codecs.split(",") if c]
