@@ -319,6 +319,33 @@ def test_the_page_is_rendered_from_the_json(result, tmp_path):
   assert path.read_text() == page
 
 
+def test_the_gap_over_training_is_each_step_against_dense(result):
+  """Synthetic curves, seeds 1 and 2 at +0.004 and +0.008: dense 2.5 then 2.0
+  (means 2.504, 2.004); DiLoCo 2.05 then 2.2, its chosen seed-0 run ending
+  0.02 lower (``GRID_BPB``): means 2.054 (-18 %) and 2.1973 (+10 %)."""
+  page = study_page.render(result)
+  assert "### The gap over training" in page
+  assert "| dense AdamW | 3 seeds | 2.504 | 2.004 |" in page
+  assert f"| DiLoCo every {EVERY} | 3 seeds | 2.054 (-18 %) | 2.197 (+10 %) |" in page
+
+
+def test_the_periodic_bar_reads_seed_0_when_the_seeds_have_not_run(result):
+  partial = json.loads(json.dumps(result))
+  methods = partial["sizes"]["8"]["methods"]
+  for label in ("sparseloco", "diloco"):
+    methods[label]["summary"] = None
+    del methods[label]["runs"]
+  page = study_page.render(partial)
+  line = next(x for x in page.splitlines() if x.startswith("- Periodic, seed 0 only"))
+  sl, dl = (methods[x]["choice"]["final_bpb"] for x in ("sparseloco", "diloco"))
+  assert f"at {sl:.3f} against DiLoCo's {dl:.3f}" in line
+  assert "871x fewer bytes per round (2,048 against 1,783,808" in line
+  row = next(
+    x for x in page.splitlines() if x.startswith("| SparseLoCo every 32 | seed 0 |")
+  )
+  assert row.endswith(" |")
+
+
 def test_the_committed_page_is_the_placeholder_or_a_rendered_study():
   text = PAGE.read_text()
   if study_page.GENERATED in text:
