@@ -190,8 +190,8 @@ def _gap_over_training(size: Mapping[str, Any]) -> list[str]:
     mine = _mean_curve(curves)
     cells = []
     for x in steps:
-      if x not in mine:
-        cells.append("-")
+      if x not in mine or not _finite(mine[x]):
+        cells.append("-")  # Not evaluated there, or a seed stopped.
       elif label == transformer.BASELINE:
         cells.append(_num(mine[x]))
       else:
