@@ -5,11 +5,13 @@ page: no number on it is typed by hand. :func:`placeholder` is the page
 before the study has run on this machine: the protocol (from ``bench.study``'s
 constants), the command that produces the page, and the old protocol's
 three-seed table from BUILD_NOTES (labelled as such). :func:`write` replaces
-the whole file.
+the whole file and keeps the numbers it was rendered from beside it
+(:func:`record`, ``docs/compressing_a_transformer.json``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -526,9 +528,33 @@ def render(result: Mapping[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def record(result: Mapping[str, Any]) -> dict[str, Any]:
+  """``result`` without what :func:`render` does not read (the per-step clocks).
+
+  Kept beside the page (:func:`record_path`) so that the committed page can
+  be checked against a render of the numbers it came from.
+  """
+
+  def strip(node):
+    if isinstance(node, Mapping):
+      return {k: strip(v) for k, v in node.items() if k != "clock"}
+    if isinstance(node, list):
+      return [strip(v) for v in node]
+    return node
+
+  return strip(result)
+
+
+def record_path(page: str | Path) -> Path:
+  """Where the page's :func:`record` lives: beside it, ``.json``."""
+  return Path(page).with_suffix(".json")
+
+
 def write(result: Mapping[str, Any], path: str | Path) -> Path:
-  """Replaces the file at ``path`` with :func:`render`'s page."""
+  """Replaces the page at ``path`` with :func:`render`'s, and its record."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(render(result))
+  kept = record(result)
+  path.write_text(render(kept))
+  record_path(path).write_text(json.dumps(kept, indent=1) + "\n")
   return path

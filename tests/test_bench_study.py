@@ -317,6 +317,8 @@ def test_the_page_is_rendered_from_the_json(result, tmp_path):
   path.write_text("old text that must go\n" * 50)
   study_page.write(result, path)
   assert path.read_text() == page
+  kept = json.loads(study_page.record_path(path).read_text())
+  assert study_page.render(kept) == page and '"clock"' not in json.dumps(kept)
 
 
 def test_the_gap_over_training_is_each_step_against_dense(result):
@@ -348,8 +350,10 @@ def test_the_periodic_bar_reads_seed_0_when_the_seeds_have_not_run(result):
 
 def test_the_committed_page_is_the_placeholder_or_a_rendered_study():
   text = PAGE.read_text()
-  if study_page.GENERATED in text:
-    return  # The study ran and rendered it.
+  if study_page.GENERATED in text:  # The study ran: the page is its numbers'.
+    kept = json.loads(study_page.record_path(PAGE).read_text())
+    assert text == study_page.render(kept)
+    return
   assert text == study_page.placeholder()
   assert "has not been run yet" in text and "old protocol" in text
   assert study.command(study.DEFAULT_METHODS, 600, [8], 3, {}) in text
