@@ -432,3 +432,32 @@ def test_householder_columns_is_lapack_s_qr():
     householder_columns(jnp.zeros((2, 7, RANK))),
     np.broadcast_to(np.eye(7, RANK), (2, 7, RANK)),
   )
+
+
+def test_an_auto_plan_is_priced_in_the_form_it_runs(monkeypatch):
+  """``layerfusion(powersgd(4), "auto")`` times its fused pieces per leaf; with
+  ``per_leaf=False`` it times the one-buffer form it will run, a profile of
+  its own (the cache keys on the form). One size, one repeat: what is timed
+  matters here, not the time."""
+  from gradcomp.fusion import profiling
+
+  asked, timed = [], []
+  real_profile, real_fused = profiling.profile, profiling.fused
+
+  def profile(tx, sizes, *, workers, per_leaf):
+    asked.append(per_leaf)
+    return real_profile(tx, (64,), workers=workers, per_leaf=per_leaf, repeats=1)
+
+  def fused(inner, plan, forms=None, per_leaf=None):
+    timed.append(per_leaf is not None)
+    return real_fused(inner, plan, forms, per_leaf)
+
+  monkeypatch.setattr(profiling, "profile", profile)
+  monkeypatch.setattr(profiling, "fused", fused)
+  monkeypatch.setattr(profiling, "_PROFILES", {})
+  for per_leaf in (None, False):
+    gradcomp.layerfusion(
+      gradcomp.powersgd(4), "auto", cluster=Cluster(2), per_leaf=per_leaf
+    )
+  assert asked == [True, False] and timed == [True, False]
+  assert sorted(k[-1] for k in profiling._PROFILES) == [False, True]

@@ -113,11 +113,15 @@ def in_forms(inner: optax.GradientTransformation):
   return build
 
 
-def _measured(tx, cluster: Cluster) -> Profile:
+def _measured(tx, cluster: Cluster, per_leaf: bool = True) -> Profile:
   """``tx``'s profile for ``cluster``: its wire traced on the cluster's
-  workers, a ``hierarchical`` one's lifted to its nodes (two link classes)."""
+  workers, a ``hierarchical`` one's lifted to its nodes (two link classes);
+  its fused pieces timed in the form the plan will run (``per_leaf``)."""
   return profiling.profile_for(
-    tx, workers=cluster.workers, workers_per_node=cluster.workers_per_node
+    tx,
+    workers=cluster.workers,
+    workers_per_node=cluster.workers_per_node,
+    per_leaf=per_leaf,
   )
 
 
@@ -306,7 +310,7 @@ def layerfusion(
     profile = _form_profiles(inner, profile, planned_on)
   elif plan == "auto":
     if profile is None:
-      profile = _measured(inner, planned_on)
+      profile = _measured(inner, planned_on, per_leaf=leaf_form is not None)
     elif spec is not None:
       profile.check_for(inner)
   auto_plans: dict[tuple[int, ...], Plan] = {}

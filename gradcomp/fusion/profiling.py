@@ -102,6 +102,7 @@ def profile(
   devices: int = 1,
   repeats: int = 5,
   workers: int = 2,
+  per_leaf: bool = True,
   **hyperparameters,
 ) -> Profile:
   """Measures ``Comp(x)`` of a compressor on this backend (paper 000 §4.3, eq. 7).
@@ -111,7 +112,8 @@ def profile(
   float32 buffer of ``x`` values, and on ``x`` values in
   :data:`FUSED_PIECES` leaves under ``layerfusion(..., "single")`` (in the
   per-leaf form ``layerfusion`` runs by default when the codec has one,
-  ``scopes.per_leaf_form``: PowerSGD's factors per piece); each is
+  ``scopes.per_leaf_form``: PowerSGD's factors per piece; with ``per_leaf=
+  False``, the one-buffer form ``layerfusion(..., per_leaf=False)`` runs); each is
   timed as the median of ``repeats`` steady-state calls with the state donated.
   The wire payload per size comes from tracing the compressor on an abstract
   mesh (:func:`traced_wire`).
@@ -128,6 +130,9 @@ def profile(
     workers: the workers the wire is traced on (>= 1). A gathered payload's
       bytes do not depend on them; a reduce-scatter form's (``exchange=
       "scatter"``, ``qgz``) do: pass the run's worker count.
+    per_leaf: time the fused pieces in the codec's per-leaf form (when it
+      has one), as ``layerfusion`` runs them by default; ``False``: in the
+      seed's one-buffer form.
     **hyperparameters: the factory's arguments when ``compressor`` is a name.
 
   Returns:
@@ -183,10 +188,9 @@ def profile(
     leaf = jnp.zeros((size,), jnp.float32) + jnp.linspace(-1.0, 1.0, size)
     seconds.append(_time_update(local, [leaf], devices, repeats))
     pieces = [leaf[:n] * (i + 1) for i, n in enumerate(_pieces(size, FUSED_PIECES))]
-    # The form layerfusion runs by default: per leaf when the codec has one.
-    single = fused(
-      local, Plan.single(range(len(pieces))), per_leaf=scopes.per_leaf_form(local)
-    )
+    # The form layerfusion runs: per leaf when the codec has one, unless not.
+    leaf_form = scopes.per_leaf_form(local) if per_leaf else None
+    single = fused(local, Plan.single(range(len(pieces))), per_leaf=leaf_form)
     fused_seconds.append(_time_update(single, pieces, devices, repeats))
   wire_bytes = {k: [] for k in KINDS}
   wire_messages = {k: [] for k in KINDS}
@@ -210,7 +214,7 @@ def profile(
   )
 
 
-_PROFILES: dict[tuple[str, tuple[int, ...], int], Profile] = {}
+_PROFILES: dict[tuple[str, tuple[int, ...], int, bool], Profile] = {}
 
 
 def profile_for(
@@ -219,6 +223,7 @@ def profile_for(
   up_to: int | None = None,
   workers: int = 2,
   workers_per_node: int = 1,
+  per_leaf: bool = True,
 ) -> Profile:
   """:func:`profile` of ``tx`` on one device, measured once per process and sizes.
 
@@ -232,7 +237,7 @@ def profile_for(
   ``workers_per_node`` too) and lifted with ``Profile.hierarchical`` to
   groups of ``workers_per_node`` times those sizes. Any other ``tx``
   exchanges over all ``workers`` on one flat axis: ``workers_per_node`` is
-  ignored.
+  ignored. ``per_leaf``: :func:`profile`'s (the fused form timed).
 
   Raises:
     ValueError: a transformation gradcomp did not build, bad ``sizes``, or
@@ -280,12 +285,13 @@ def profile_for(
       sizes,
       None if up_to is None else shard_size(up_to, g),
       workers // g,
+      per_leaf=per_leaf,
     )
     return inner.hierarchical(g, scatter_dtype=hier.scatter_dtype, gather=hier.gather)
   if up_to is not None:
     reach = next((s for s in sizes if s >= up_to), sizes[-1])
     sizes = tuple(s for s in sizes if s <= reach)
-  key = (label_of(tx), sizes, workers)
+  key = (label_of(tx), sizes, workers, per_leaf)
   if key not in _PROFILES:
-    _PROFILES[key] = profile(tx, sizes, workers=workers)
+    _PROFILES[key] = profile(tx, sizes, workers=workers, per_leaf=per_leaf)
   return _PROFILES[key]
