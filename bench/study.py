@@ -84,6 +84,10 @@ from bench.transformer import Method
 PROTOCOL_FIELDS: dict[str, Any] = {
   "optimizer.clip_scope": "worker",
   "optimizer.mask_decay": True,
+  # The periodic methods' evals score the workers' average only: every
+  # worker's own model on the whole set was 8 evaluations, 70 % of a DiLoCo
+  # run. It changes no trajectory (``transformer.EVAL_ONLY_FIELDS``).
+  "eval_each_worker": False,
 }
 #: Dense all-reduce steps before an every-step compressor's first exchange
 #: (``compressor.warmup_steps``): gpt_tiny's AdamW warm-up.

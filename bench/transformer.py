@@ -602,6 +602,11 @@ def _log(text: str) -> None:
   print(f"# transformer: {text}", file=sys.stderr, flush=True)
 
 
+#: Config fields that change what an eval scores, never the trajectory: a
+#: finished run is read back whatever they were.
+EVAL_ONLY_FIELDS = ("eval_each_worker",)
+
+
 def _set_fields(fields):
   """A config's JSON without its unset (``None``) fields, at every depth.
 
@@ -616,8 +621,8 @@ def _set_fields(fields):
 def finished_run(config, workdir: Path, steps: int) -> dict[str, Any] | None:
   """The run of ``config`` already finished in ``workdir``, read back; else ``None``.
 
-  Finished: ``config.json`` holds the same config (the corpus identity and
-  unset fields aside),
+  Finished: ``config.json`` holds the same config (the corpus identity,
+  unset fields and :data:`EVAL_ONLY_FIELDS` aside),
   ``metrics.jsonl`` an eval at ``steps`` and ``sim.json`` the clock's inputs.
   ``run_seconds`` is then the logged seconds of training
   (``logs.elapsed_seconds``: compile and evals included, as a fresh run's).
@@ -631,7 +636,11 @@ def finished_run(config, workdir: Path, steps: int) -> dict[str, Any] | None:
     return None
   fields = json.loads(saved.read_text())
   fields.pop("dataset_identity", None)
-  if _set_fields(fields) != _set_fields(json.loads(config.to_json_best_effort())):
+  wanted = json.loads(config.to_json_best_effort())
+  for f in EVAL_ONLY_FIELDS:  # What is scored, not what is trained.
+    fields.pop(f, None)
+    wanted.pop(f, None)
+  if _set_fields(fields) != _set_fields(wanted):
     return None
   rows = logs.read_metrics(metrics)
   if not any(r.get("step") == steps and "eval_loss" in r for r in rows):

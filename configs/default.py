@@ -295,6 +295,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_train_steps = 600  # If unset: num_epochs epochs.
   config.num_epochs = config_dict.placeholder(float)
   config.eval_batch_size = 512
+  # Per-worker params (local SGD, gossip, ...): each eval also scores every
+  # worker's own model on the whole test set (eval_worker_*), 8 workers
+  # costing 8 evaluations. Unset: yes; False: only the workers' average.
+  config.eval_each_worker = config_dict.placeholder(bool)
 
   config.log_every_steps = 50
   config.eval_every_steps = 200

@@ -321,3 +321,22 @@ def test_streaming_tables_from_a_run_result():
   )
   text = streaming.format_tables(result, out)
   assert "| streaming_f4_fp4 | 2.020 | +1.0% |" in text and "extrapolation" in text
+
+
+def test_a_finished_run_is_read_back_whatever_its_eval_only_fields(tmp_path):
+  """``eval_each_worker`` changes what an eval scores, not the trajectory: a
+  run saved without it is the run of a config that sets it; a config that
+  differs in a trained field is not."""
+  from train import logs, train
+
+  config = transformer.base_config()
+  saved = json.loads(config.to_json_best_effort())
+  (tmp_path / train.CONFIG_FILE).write_text(json.dumps(saved))
+  (tmp_path / train.SIM_FILE).write_text("{}")
+  rows = [{"step": 600, "wall_time": 1.0, "eval_loss": 2.0}]
+  (tmp_path / logs.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+  assert transformer.finished_run(config, tmp_path, 600) is not None
+  config.eval_each_worker = False
+  assert transformer.finished_run(config, tmp_path, 600) is not None
+  config.optimizer.learning_rate *= 2
+  assert transformer.finished_run(config, tmp_path, 600) is None

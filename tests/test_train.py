@@ -628,3 +628,33 @@ def test_auto_plan_is_chosen_saved_and_reused_on_resume(tmp_path):
   config.num_train_steps = 4
   train.train_and_evaluate(config, tmp_path)
   assert gradcomp.Plan.from_json((tmp_path / "plan.json").read_text()) == forced
+
+
+@pytest.mark.parametrize("each_worker", [True, False])
+def test_each_worker_s_own_eval_is_optional(each_worker, monkeypatch):
+  """Per-worker params are scored as the workers' average, and each worker's
+  own model only when ``each_worker`` (``config.eval_each_worker`` unset or
+  true). The parts of a run are stand-ins: this checks the branch, the run
+  tests check the metrics themselves."""
+  from train import evaluation
+
+  calls = []
+  monkeypatch.setattr(
+    evaluation,
+    "evaluate_workers",
+    lambda *a: calls.append("workers") or {"eval_worker_accuracy_mean": 0.5},
+  )
+  ev = object.__new__(evaluation.Evaluator)
+  ev.each_worker = each_worker
+  ev.layout = type("L", (), {"params_per_worker": True, "mesh": None})()
+  ev.workload = type(
+    "W",
+    (),
+    {"dataset": type("D", (), {"x_test": 0, "y_test": 0})(), "eval_metrics": dict},
+  )()
+  ev.scheme = type("S", (), {"evaluate": lambda self, *a: {}})()
+  ev.averager, ev.worker_eval = (lambda tree: tree), None
+  ev._score = lambda params, state, variant=None: {"eval_loss": 1.0}
+  metrics = ev(None, None, lambda: ("params", "state", "opt"))
+  assert ("eval_worker_accuracy_mean" in metrics) == each_worker
+  assert calls == (["workers"] if each_worker else [])

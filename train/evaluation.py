@@ -80,17 +80,28 @@ class Evaluator:
   """A run's evaluation on the test set.
 
   Replicated params are scored as they are. Per-worker params (a scheme's,
-  DESIGN §5) give two: the workers' average model (``eval_*``) and each
-  worker's own (``eval_worker_*``); the scheme adds its own (``scheme.evaluate``).
+  DESIGN §5) give two: the workers' average model (``eval_*``) and, unless
+  ``each_worker`` is false (``config.eval_each_worker``), each worker's own
+  (``eval_worker_*``, one evaluation per worker); the scheme adds its own
+  (``scheme.evaluate``).
   """
 
-  def __init__(self, workload, scheme, layout, variant: str, eval_batch_size: int):
+  def __init__(
+    self,
+    workload,
+    scheme,
+    layout,
+    variant: str,
+    eval_batch_size: int,
+    each_worker: bool = True,
+  ):
     self.workload, self.scheme, self.layout, self.variant = (
       workload,
       scheme,
       layout,
       variant,
     )
+    self.each_worker = each_worker
     mesh = layout.mesh
     self.batch = -(-eval_batch_size // mesh.size) * mesh.size
     model = workload.model
@@ -131,16 +142,17 @@ class Evaluator:
       average = self.averager((worker_params, worker_state))
       metrics = self._score(*average)
       ds = self.workload.dataset
-      metrics.update(
-        evaluate_workers(
-          self.worker_eval,
-          self.layout.mesh,
-          worker_params,
-          worker_state,
-          ds.x_test,
-          ds.y_test,
+      if self.each_worker:
+        metrics.update(
+          evaluate_workers(
+            self.worker_eval,
+            self.layout.mesh,
+            worker_params,
+            worker_state,
+            ds.x_test,
+            ds.y_test,
+          )
         )
-      )
       opt_state = lambda: global_state()[2]
       metrics.update(self.scheme.evaluate(self._score, opt_state, average[1]))
     metrics.update(self.workload.eval_metrics(metrics))
