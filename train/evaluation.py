@@ -119,6 +119,13 @@ class Evaluator:
         model, layout, variant, criterion=workload.criterion
       )
 
+  @classmethod
+  def from_config(cls, config, workload, scheme, layout, variant: str) -> Evaluator:
+    """The run's evaluator: ``config.eval_batch_size`` and ``eval_each_worker``
+    (unset: each worker's own model is scored too)."""
+    each_worker = config.get("eval_each_worker") is not False
+    return cls(workload, scheme, layout, variant, config.eval_batch_size, each_worker)
+
   def _score(self, params, model_state, variant="shard_map") -> dict[str, float]:
     ds = self.workload.dataset
     return evaluate(

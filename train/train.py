@@ -367,14 +367,7 @@ def train_and_evaluate(config, workdir: str | Path) -> Result:
     global_state,
     checkpoints.latest_step,
   )
-  evaluate = Evaluator(
-    work,
-    scheme,
-    layout,
-    variant,
-    config.eval_batch_size,
-    each_worker=config.get("eval_each_worker") is not False,
-  )
+  evaluate = Evaluator.from_config(config, work, scheme, layout, variant)
   last: dict[str, Any] = {}
 
   def run_eval(step: int) -> None:
