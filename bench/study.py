@@ -521,7 +521,12 @@ def unavailable(entry: Entry) -> str | None:
   return None
 
 
-def protocol(windows: Sequence[int], seeds: int, steps: int = 600) -> dict[str, Any]:
+def protocol(
+  windows: Sequence[int],
+  seeds: int,
+  steps: int = 600,
+  max_extensions: int = MAX_EXTENSIONS,
+) -> dict[str, Any]:
   """The protocol in words and values, as the JSON and the page carry it.
 
   A dense phase of ``w`` of ``steps`` steps sends ``w / steps`` of dense's
@@ -545,7 +550,7 @@ def protocol(windows: Sequence[int], seeds: int, steps: int = 600) -> dict[str, 
     f"wins; within {TIE_BPB:g} bpb a tie, the point nearest the family's usual "
     "value wins; a stopped or non-finite run is never chosen; a choice at its "
     "grid's edge grows the grid one step beyond that edge (the grid's own "
-    f"ratio, x2 for AdamW's), up to {MAX_EXTENSIONS} points",
+    f"ratio, x2 for AdamW's), up to {max_extensions} points",
     "periodic_grid": "a cross through the usual point: every inner rate at the "
     "usual outer rate, every outer rate at the usual inner rate",
     "seeds": seeds,
@@ -656,6 +661,7 @@ def _run_size(
   protocol_fields,
   previous,
   priced_on,
+  max_extensions=MAX_EXTENSIONS,
 ):
   """Grid and/or seeds of every entry at one per-worker size."""
   size: dict[str, Any] = {"windows_per_worker": windows, "methods": {}}
@@ -705,7 +711,7 @@ def _run_size(
 
     if phase in ("grid", "all"):
       grid = [grid_run(point) for point in grid_points(entry)]
-      for _ in range(MAX_EXTENSIONS):
+      for _ in range(max_extensions):
         if (beyond := extension(grid)) is None:
           break
         grid.append(grid_run(beyond))
@@ -791,6 +797,7 @@ def run(
   reuse: bool = False,
   overrides: Mapping[str, Any] | None = None,
   page: str | Path | None = None,
+  max_extensions: int = MAX_EXTENSIONS,
 ) -> dict[str, Any]:
   """Runs the protocol (module docstring), writes ``study.{json,md}``.
 
@@ -809,6 +816,9 @@ def run(
     reuse: read back runs already finished in their workdirs.
     overrides: dotted config fields set last on every run (smoke runs).
     page: render the recommendation page there from the JSON.
+    max_extensions: points a grid may grow beyond an edge its choice sits at
+      (:func:`extension`); 0 keeps the grids as they are (a choice at an
+      edge stays flagged).
 
   Raises:
     ValueError: an unknown phase or method, a bad run shape, or ``seeds``
@@ -817,6 +827,12 @@ def run(
   from bench import schemes, study_page
   from bench.compress import machine_info
 
+  if (
+    isinstance(max_extensions, bool)
+    or not isinstance(max_extensions, int)
+    or (max_extensions < 0)
+  ):
+    raise ValueError(f"max_extensions must be an integer >= 0, got {max_extensions!r}")
   if phase not in PHASES:
     raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
   if phase == "page":
@@ -864,7 +880,7 @@ def run(
     "steps": steps,
     "eval_every": eval_every,
     "overrides": overrides,
-    "protocol": protocol(windows, seeds, steps),
+    "protocol": protocol(windows, seeds, steps, max_extensions),
   }
   previous = load(out_dir) or {}
   same = all(previous.get(k) == v for k, v in shape.items() if k != "protocol") and (
@@ -898,6 +914,7 @@ def run(
       protocol_fields=protocol_fields,
       previous=sizes.get(str(w), {}),
       priced_on=priced_on,
+      max_extensions=max_extensions,
     )
     kept = sizes.get(str(w), {}).get("methods", {})
     size["methods"] = {
@@ -1006,6 +1023,7 @@ def cli(args: argparse.Namespace) -> None:
       reuse=args.reuse,
       overrides=overrides,
       page=args.page,
+      max_extensions=args.max_extensions,
     )
   except ValueError as e:
     raise SystemExit(f"python -m bench study: error: {e}") from None
@@ -1036,5 +1054,11 @@ def add_parser(suites) -> argparse.ArgumentParser:
     "--override", action="append", help="KEY=VALUE config field on every run"
   )
   p.add_argument("--smoke", action="store_true", help="bench.workloads.SMOKE's sizes")
+  p.add_argument(
+    "--max-extensions",
+    type=int,
+    default=MAX_EXTENSIONS,
+    help="points a grid may grow beyond the edge its choice sits at (0: none)",
+  )
   p.set_defaults(func=cli)
   return p

@@ -385,7 +385,6 @@ def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
   ``test_bench_transformer``'s tiny runs, whose programs the compilation
   cache may already hold."""
   rates = {"dense": (3e-3,), "topk": (3e-3, 1e-2)}
-  monkeypatch.setattr(study, "MAX_EXTENSIONS", 0)  # Two points: always an edge.
   for label in ("dense", "topk"):
     e = study.ENTRIES[label]
     method = e.method
@@ -402,6 +401,7 @@ def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
     "eval_every": 2,
     "out_dir": str(tmp_path),
     "overrides": workloads.SMOKE,
+    "max_extensions": 0,  # Two points: always an edge.
   }
   page = tmp_path / "page.md"
   result = study.run(["dense", "topk"], page=page, **kwargs)
@@ -436,3 +436,11 @@ def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
   study.run(phase="page", out_dir=str(tmp_path), page=other)
   on_disk = json.loads((tmp_path / "study.json").read_text())
   assert other.read_text() == study_page.render(on_disk)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_max_extensions_must_be_a_count(bad):
+  with pytest.raises(
+    ValueError, match=f"max_extensions must be an integer >= 0, got {bad!r}"
+  ):
+    study.run(["dense"], max_extensions=bad)
