@@ -521,12 +521,7 @@ def unavailable(entry: Entry) -> str | None:
   return None
 
 
-def protocol(
-  windows: Sequence[int],
-  seeds: int,
-  steps: int = 600,
-  max_extensions: int = MAX_EXTENSIONS,
-) -> dict[str, Any]:
+def protocol(windows: Sequence[int], seeds: int, steps: int = 600) -> dict[str, Any]:
   """The protocol in words and values, as the JSON and the page carry it.
 
   A dense phase of ``w`` of ``steps`` steps sends ``w / steps`` of dense's
@@ -550,7 +545,8 @@ def protocol(
     f"wins; within {TIE_BPB:g} bpb a tie, the point nearest the family's usual "
     "value wins; a stopped or non-finite run is never chosen; a choice at its "
     "grid's edge grows the grid one step beyond that edge (the grid's own "
-    f"ratio, x2 for AdamW's), up to {max_extensions} points",
+    f"ratio, x2 for AdamW's), up to {MAX_EXTENSIONS} points (a run with "
+    "fewer leaves its choice flagged at the edge)",
     "periodic_grid": "a cross through the usual point: every inner rate at the "
     "usual outer rate, every outer rate at the usual inner rate",
     "seeds": seeds,
@@ -880,7 +876,7 @@ def run(
     "steps": steps,
     "eval_every": eval_every,
     "overrides": overrides,
-    "protocol": protocol(windows, seeds, steps, max_extensions),
+    "protocol": protocol(windows, seeds, steps),
   }
   previous = load(out_dir) or {}
   same = all(previous.get(k) == v for k, v in shape.items() if k != "protocol") and (
