@@ -931,6 +931,11 @@ def run(
   for size in sizes.values():
     if unigram is None and size.get("workdir"):
       unigram, description = transformer.unigram_baseline(size["workdir"])
+  # Every invocation that wrote into this study, in order: a study can run
+  # method by method and phase by phase, each reading back the runs before it.
+  this = command(labels, steps, windows, seeds, overrides)
+  earlier = previous.get("commands", [previous.get("command")])
+  commands = [c for c in earlier if c and c != this] + [this]
   result = {
     "suite": "study",
     **shape,
@@ -948,7 +953,8 @@ def run(
       "note": f"{transformer.PRICED_WORKERS} homogeneous workers, 8 TFLOP/s, 25 us, "
       "ring all-reduce, the runs' per-worker batch kept",
     },
-    "command": command(labels, steps, windows, seeds, overrides),
+    "command": this,
+    "commands": commands,
     "sizes": dict(sorted(sizes.items(), key=lambda kv: int(kv[0]))),
     "wall_s": time.perf_counter() - t_start + previous.get("wall_s", 0.0),
     "loadavg_end": list(os.getloadavg()),

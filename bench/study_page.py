@@ -448,10 +448,11 @@ def render(result: Mapping[str, Any]) -> str:
     + f"), {result['workers']} workers ({mi.get('backend')}, {mi.get('cpu_count')} "
     f"CPUs), {result['steps']} steps, eval every {result['eval_every']} steps. "
     f"Unigram baseline: {_num(unigram)} bits per byte. Simulated times on "
-    f"{result['cluster']['note']}. Produced by:",
+    f"{result['cluster']['note']}. Produced by (in order; each reads back the "
+    "runs before it):",
     "",
     "```",
-    result["command"],
+    *result.get("commands", [result["command"]]),
     "```",
     "",
   ]
