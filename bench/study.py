@@ -933,7 +933,7 @@ def run(
       unigram, description = transformer.unigram_baseline(size["workdir"])
   # Every invocation that wrote into this study, in order: a study can run
   # method by method and phase by phase, each reading back the runs before it.
-  this = command(labels, steps, windows, seeds, overrides)
+  this = command(labels, steps, windows, seeds, overrides, phase, max_extensions)
   earlier = previous.get("commands", [previous.get("command")])
   commands = [c for c in earlier if c and c != this] + [this]
   result = {
@@ -969,9 +969,17 @@ def run(
   return result
 
 
-def command(labels, steps, windows, seeds, overrides) -> str:
+def command(
+  labels,
+  steps,
+  windows,
+  seeds,
+  overrides,
+  phase: str = "all",
+  max_extensions: int = MAX_EXTENSIONS,
+) -> str:
   """The command line that reproduces a study (``--reuse`` reads runs back)."""
-  parts = ["python -m bench study --phase all --reuse"]
+  parts = [f"python -m bench study --phase {phase} --reuse"]
   if list(labels) != list(DEFAULT_METHODS):
     parts.append(f"--methods {','.join(labels)}")
   if steps != 600:
@@ -980,6 +988,8 @@ def command(labels, steps, windows, seeds, overrides) -> str:
     parts.append(f"--windows-per-worker {','.join(str(w) for w in windows)}")
   if seeds != SEEDS:
     parts.append(f"--seeds {seeds}")
+  if max_extensions != MAX_EXTENSIONS:
+    parts.append(f"--max-extensions {max_extensions}")
   parts += [f"--override {k}={json.dumps(v)}" for k, v in overrides.items()]
   parts.append(f"--page {DEFAULT_PAGE}")
   return " ".join(parts)
