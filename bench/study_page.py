@@ -128,26 +128,44 @@ def _methods_list(rows: Sequence[Mapping[str, Any]]) -> list[str]:
   return lines
 
 
-def _old_table() -> list[str]:
-  old = [
+def _old_section() -> list[str]:
+  """The old protocol's three-seed table, with what made it the old protocol."""
+  rows = [
     "| method | final bpb, mean ± std | bytes / step | / dense | sim. s to 2.076 |",
     "| --- | ---: | ---: | ---: | ---: |",
   ]
   for name, mean, std, nbytes, ratio, to_target in OLD_PROTOCOL:
-    old.append(
+    rows.append(
       f"| {name} | {mean:.3f} ± {std:.3f} | {nbytes:,} | {ratio:.3g} | {to_target} |"
     )
-  return old
+  return [
+    "## The old protocol's numbers (not this study)",
+    "",
+    'Three seeds each, from BUILD_NOTES ("The adaptive-optimizer comparison on '
+    'gpt_tiny" and "Compressors and schemes on gpt_tiny"), measured under the '
+    "**old protocol**: AdamW's 3e-3 for every method, the chains clipping the "
+    "exchanged mean, DeMo decaying every leaf, no dense warm-up before the "
+    "codecs, PowerSGD on one fused buffer. Unigram baseline 4.958 bits per "
+    "byte; time to dense's mean + 0.1 on 16 workers at 10 Gbit/s.",
+    "",
+    *rows,
+    "",
+  ]
+
+
+def _chosen_run(m: Mapping[str, Any]) -> dict[str, Any] | None:
+  """Seed 0's run at a method's chosen point (the grid's), or ``None``."""
+  choice = m.get("choice")
+  if choice is None:
+    return None
+  return next((g.get("run") for g in m["grid"] if g["key"] == choice["key"]), None)
 
 
 def _chosen_curves(m: Mapping[str, Any]) -> tuple[list[dict], str]:
   """The eval curves at a method's chosen point: its seeds, else seed 0's grid run."""
   if m.get("runs"):
     return [r["curve"] for r in m["runs"]], f"{len(m['runs'])} seeds"
-  choice = m.get("choice")
-  if choice is None:
-    return [], ""
-  run = next((g.get("run") for g in m["grid"] if g["key"] == choice["key"]), None)
+  run = _chosen_run(m)
   return ([run["curve"]], "seed 0") if run else ([], "")
 
 
@@ -210,7 +228,6 @@ def placeholder() -> str:
   larger = study.command(
     study.DEFAULT_METHODS, 600, [study.WINDOWS_PER_WORKER, 32], study.SEEDS, {}
   )
-  old = _old_table()
   return "\n".join(
     [
       HEADER,
@@ -251,17 +268,7 @@ def placeholder() -> str:
       "",
       *_methods_list(_entry_rows()),
       "",
-      "## The old protocol's numbers (not this study)",
-      "",
-      'Three seeds each, from BUILD_NOTES ("The adaptive-optimizer comparison on '
-      'gpt_tiny" and "Compressors and schemes on gpt_tiny"), measured under the '
-      "**old protocol**: AdamW's 3e-3 for every method, the chains clipping the "
-      "exchanged mean, DeMo decaying every leaf, no dense warm-up before the "
-      "codecs, PowerSGD on one fused buffer. Unigram baseline 4.958 bits per "
-      "byte; time to dense's mean + 0.1 on 16 workers at 10 Gbit/s.",
-      "",
-      *old,
-      "",
+      *_old_section(),
       "Under that protocol only 1-bit Adam keeps the model (+1.3 %, 5.1x fewer "
       "bytes). The study above asks whether the other rows were the methods or "
       "the protocol.",
@@ -402,32 +409,24 @@ def _bars(size: Mapping[str, Any]) -> list[str]:
     lines.append(
       "- Every-step: no method sends 20x fewer bytes than dense within 2 % of its bpb."
     )
-  sl, dl = (methods.get(x, {}).get("summary") for x in ("sparseloco", "diloco"))
-  sc, dc = (methods.get(x, {}).get("choice") for x in ("sparseloco", "diloco"))
-  if (sl is None or dl is None) and sc is not None and dc is not None:
-    runs = [
-      next(g["run"] for g in methods[x]["grid"] if g["key"] == c["key"])
-      for x, c in (("sparseloco", sc), ("diloco", dc))
-    ]
-    rounds = [sum(r["sim_inputs"]["round_wire"].values()) for r in runs]
-    lines.append(
-      f"- Periodic, seed 0 only (the seeds have not run): SparseLoCo's grid "
-      f"ends at best at {_num(sc['final_bpb'])} against DiLoCo's "
-      f"{_num(dc['final_bpb'])} at the same interval, with "
-      f"{rounds[1] / rounds[0]:.3g}x fewer bytes per round ({rounds[0]:,} against "
-      f"{rounds[1]:,}; bar: at or below, 30x)."
+  pair = [methods.get(x, {}) for x in ("sparseloco", "diloco")]
+  if all(m.get("summary") for m in pair):  # Three seeds each: their means.
+    finals = [m["summary"]["final_bpb"]["mean"] for m in pair]
+    runs, what = [m["runs"][0] for m in pair], "- Periodic: SparseLoCo ends"
+  elif all(_chosen_run(m) for m in pair):  # The grids only: seed 0.
+    finals = [m["choice"]["final_bpb"] for m in pair]
+    runs = [_chosen_run(m) for m in pair]
+    what = (
+      "- Periodic, seed 0 only (the seeds have not run): SparseLoCo's grid ends at best"
     )
-  if sl is not None and dl is not None:
-    rounds = [
-      sum(methods[x]["runs"][0]["sim_inputs"]["round_wire"].values())
-      for x in ("sparseloco", "diloco")
-    ]
-    lines.append(
-      f"- Periodic: SparseLoCo ends at {_num(sl['final_bpb']['mean'])} against "
-      f"DiLoCo's {_num(dl['final_bpb']['mean'])} at the same interval, with "
-      f"{rounds[1] / rounds[0]:.3g}x fewer bytes per round ({rounds[0]:,} against "
-      f"{rounds[1]:,}; bar: at or below, 30x)."
-    )
+  else:
+    return lines
+  rounds = [sum(r["sim_inputs"]["round_wire"].values()) for r in runs]
+  lines.append(
+    f"{what} at {_num(finals[0])} against DiLoCo's {_num(finals[1])} at the "
+    f"same interval, with {rounds[1] / rounds[0]:.3g}x fewer bytes per round "
+    f"({rounds[0]:,} against {rounds[1]:,}; bar: at or below, 30x)."
+  )
   return lines
 
 
@@ -516,15 +515,7 @@ def render(result: Mapping[str, Any]) -> str:
       ]
     ),
     "",
-    "## The old protocol's numbers (not this study)",
-    "",
-    "Three seeds each, under the protocol this study replaced: AdamW's 3e-3 for "
-    "every method, the chains clipping the exchanged mean, DeMo decaying every "
-    "leaf, no dense warm-up before the codecs, PowerSGD on one fused buffer. "
-    "Time to 2.076 bits per byte on 16 workers at 10 Gbit/s.",
-    "",
-    *_old_table(),
-    "",
+    *_old_section(),
   ]
   return "\n".join(lines)
 
