@@ -79,6 +79,7 @@ from bench import transformer
 from bench.convergence import _stats
 from bench.output import write_json
 from bench.transformer import Method
+from gradcomp.compressors import checks
 
 #: The protocol's fields, set on every run of every method (issue 42).
 PROTOCOL_FIELDS: dict[str, Any] = {
@@ -823,12 +824,7 @@ def run(
   from bench import schemes, study_page
   from bench.compress import machine_info
 
-  if (
-    isinstance(max_extensions, bool)
-    or not isinstance(max_extensions, int)
-    or (max_extensions < 0)
-  ):
-    raise ValueError(f"max_extensions must be an integer >= 0, got {max_extensions!r}")
+  checks.at_least("max_extensions", max_extensions, 0)
   if phase not in PHASES:
     raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
   if phase == "page":

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -440,7 +441,6 @@ def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True])
 def test_max_extensions_must_be_a_count(bad):
-  with pytest.raises(
-    ValueError, match=f"max_extensions must be an integer >= 0, got {bad!r}"
-  ):
+  message = f"max_extensions must be an integer in [0, inf), got {bad!r}"
+  with pytest.raises(ValueError, match=re.escape(message)):
     study.run(["dense"], max_extensions=bad)
