@@ -148,8 +148,8 @@ class Evaluator:
       worker_params, worker_state, _ = global_state()
       average = self.averager((worker_params, worker_state))
       metrics = self._score(*average)
-      ds = self.workload.dataset
       if self.each_worker:
+        ds = self.workload.dataset
         metrics.update(
           evaluate_workers(
             self.worker_eval,
