@@ -82,6 +82,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from gradcomp.compressors import checks
 from gradcomp.edgegossip import predictor as predictor_lib
 
 #: §4.4's mean prediction error.
@@ -144,10 +145,8 @@ def _check_run(intensities, held_out, processes, disk, repeats, sample_seconds, 
     raise ValueError(
       f"held_out must be among the intensities {sorted(known)}, got {unknown!r}"
     )
-  if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-    raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-  if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-    raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+  checks.at_least("repeats", repeats, 1)
+  checks.at_least("batch", batch, 1)
   if not 0 < sample_seconds < np.inf:
     raise ValueError(f"sample_seconds must be in (0, inf), got {sample_seconds!r}")
 
