@@ -15,8 +15,10 @@ transformer suite's machinery (:func:`bench.transformer.configure`,
    Adam variants, :data:`SIGN_RATES` for DeMo's sign steps, :data:`MUON_RATES`
    for Muon). Periodic methods also have an outer-rate grid; their grid is a
    cross through the usual point (every inner rate at the usual outer rate,
-   every outer rate at the usual inner rate: 5 runs, not 9), so an inner rate
-   that only wins at another outer rate is not found (said on the page).
+   every outer rate at the usual inner rate: 5 runs, not 9); when the seed-0
+   choice lies off the usual point, the cross through the choice is run too
+   (:func:`cross_through_choice`), so an inner rate that only wins at another
+   outer rate is found one step away.
 2. **Chosen on seed 0** by the final validation bits per byte
    (:func:`choose`): the lowest wins; runs within :data:`TIE_BPB` of it are
    tied and the one nearest the usual point wins; a run stopped by non-finite
@@ -95,6 +97,12 @@ PROTOCOL_FIELDS: dict[str, Any] = {
 DENSE_WARMUP = 50
 #: The frozen-variance optimizers' dense AdamW steps (``freeze_step``).
 FREEZE_STEP = transformer.FREEZE_STEP
+#: 1-bit Adam's shortest-freeze variant: the longest dense phase that leaves a
+#: 600-step run at 20x fewer bytes than dense. Its 1-bit phase sends 1/28.4 of
+#: dense's bytes per step (measured: the 100-step run's 349,607 bytes per step
+#: against dense's 1,783,824), so ``w`` dense steps give
+#: ``600 / (w + (600 - w) / 28.4)``: 20.1x at w = 9, 20.8x at w = 8.
+SHORT_FREEZE_STEP = 8
 #: Inner steps per round of every periodic method.
 EVERY = transformer.DILOCO_EVERY
 #: Learning-rate grids, the family's usual value in the middle.
@@ -216,6 +224,20 @@ def _entries() -> tuple[Entry, ...]:
       ),
       every,
       "1-bit Adam",
+      ADAMW_RATES,
+      rate_note=_ADAMW_NOTE,
+    ),
+    Entry(
+      Method(
+        f"onebit_adam_freeze{SHORT_FREEZE_STEP}",
+        _SYNC,
+        optimizer={"name": "onebit_adam", "freeze_step": SHORT_FREEZE_STEP},
+        why=f"1-bit Adam with a {SHORT_FREEZE_STEP}-step dense phase, the longest "
+        "that leaves the run at 20x fewer bytes: a variance from the first "
+        f"{SHORT_FREEZE_STEP} gradients, frozen",
+      ),
+      every,
+      f"1-bit Adam, {SHORT_FREEZE_STEP}-step freeze",
       ADAMW_RATES,
       rate_note=_ADAMW_NOTE,
     ),
@@ -390,7 +412,7 @@ def run_count(labels: Sequence[str], seeds: int) -> int:
 
   Examples:
     >>> run_count(DEFAULT_METHODS, 3)
-    68
+    73
   """
   return sum(len(grid_points(ENTRIES[x])) + seeds - 1 for x in labels)
 
@@ -496,6 +518,39 @@ def extension(grid: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
   return None
 
 
+def cross_through_choice(grid: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+  """The points of a cross through the seed-0 choice that were not run.
+
+  A grid of two fields (inner and outer rate) starts as a cross through the
+  usual point, which never pairs an unusual inner rate with an unusual outer
+  rate. When the choice lies off the usual point, the study runs the cross
+  through it: for each field, the grid's values on either side of the chosen
+  one, the chosen point's other fields kept. A one-field grid, or a choice at
+  the usual point, has nothing to add.
+
+  Examples:
+    >>> pts = [{"lr": 2.0, "o": 1.0}, {"lr": 1.0, "o": 1.0}, {"lr": 4.0, "o": 1.0},
+    ...        {"lr": 2.0, "o": 0.5}, {"lr": 2.0, "o": 2.0}]
+    >>> bpb = [2.0, 2.1, 2.2, 2.3, 1.9]
+    >>> grid = [{"key": str(i), "point": p, "final_bpb": b, "stopped": None}
+    ...         for i, (p, b) in enumerate(zip(pts, bpb))]
+    >>> cross_through_choice(grid)
+    [{'lr': 1.0, 'o': 2.0}, {'lr': 4.0, 'o': 2.0}]
+  """
+  choice = choose(grid)
+  if choice is None:
+    return []
+  points = []
+  for field, value in choice["point"].items():
+    values = sorted({g["point"][field] for g in grid})
+    i = values.index(value)
+    for neighbour in values[max(i - 1, 0) : i] + values[i + 1 : i + 2]:
+      point = {**choice["point"], field: neighbour}
+      if all(g["point"] != point for g in grid) and point not in points:
+        points.append(point)
+  return points
+
+
 def _has_field(config, dotted: str) -> bool:
   node = config
   for part in dotted.split("."):
@@ -537,7 +592,8 @@ def protocol(windows: Sequence[int], seeds: int, steps: int = 600) -> dict[str, 
     "matrices and embeddings, none on norms and biases (optimizer.mask_decay=True)",
     "dense_warmup": f"every-step compressors: compressor.warmup_steps={DENSE_WARMUP} "
     "(gpt_tiny's AdamW warm-up); 1-bit and compressed-momentum Adam: "
-    f"freeze_step={FREEZE_STEP}; 0/1 Adam and DeMo: their own schedules; bytes "
+    f"freeze_step={FREEZE_STEP} (1-bit Adam also at {SHORT_FREEZE_STEP}, the "
+    "longest freeze that leaves the run at 20x); 0/1 Adam and DeMo: their own schedules; bytes "
     "counted over the whole run, dense phases included, so a dense phase of w "
     f"of the {steps} steps caps the run's ratio to dense at {steps}/w: "
     f"{steps / DENSE_WARMUP:.3g}x for the warm-up, {steps / FREEZE_STEP:.3g}x "
@@ -549,7 +605,9 @@ def protocol(windows: Sequence[int], seeds: int, steps: int = 600) -> dict[str, 
     f"ratio, x2 for AdamW's), up to {MAX_EXTENSIONS} points (a run with "
     "fewer leaves its choice flagged at the edge)",
     "periodic_grid": "a cross through the usual point: every inner rate at the "
-    "usual outer rate, every outer rate at the usual inner rate",
+    "usual outer rate, every outer rate at the usual inner rate; when the seed-0 "
+    "choice lies off the usual point, the cross through the choice too (its "
+    "neighbouring inner rates at the chosen outer rate, and the reverse)",
     "seeds": seeds,
     "windows_per_worker": list(windows),
     "every": EVERY,
@@ -708,6 +766,7 @@ def _run_size(
 
     if phase in ("grid", "all"):
       grid = [grid_run(point) for point in grid_points(entry)]
+      grid += [grid_run(point) for point in cross_through_choice(grid)]
       for _ in range(max_extensions):
         if (beyond := extension(grid)) is None:
           break

@@ -117,6 +117,45 @@ def test_a_choice_at_an_edge_grows_the_grid_beyond_it_one_field_at_a_time():
   assert study.extension(g) is None  # Beyond it is worse: lr 6e-3 is interior.
 
 
+def test_a_choice_off_the_usual_point_adds_the_cross_through_it():
+  """SparseLoCo's seed-0 choice at the usual inner rate and an unusual outer
+  rate adds the neighbouring inner rates at that outer rate, never a point
+  already run; a choice at the usual point adds nothing."""
+  lr, outer = "optimizer.learning_rate", "scheme.outer_learning_rate"
+  points = study.grid_points(study.ENTRIES["sparseloco"])
+  best = {lr: 3e-3, outer: max(study.SPARSELOCO_OUTER_RATES)}
+
+  def grid(best):
+    return [
+      {
+        "key": study.point_key(p),
+        "point": p,
+        "final_bpb": 1.0 if p == best else 2.0,
+        "stopped": None,
+      }
+      for p in points
+    ]
+
+  added = study.cross_through_choice(grid(best))
+  assert added == [{lr: 1.5e-3, outer: best[outer]}, {lr: 6e-3, outer: best[outer]}]
+  assert study.cross_through_choice(grid(points[0])) == []
+  every_step = [
+    {"key": str(r), "point": {lr: r}, "final_bpb": r, "stopped": None}
+    for r in study.ADAMW_RATES
+  ]
+  assert study.cross_through_choice(every_step) == []  # One field: its grid.
+
+
+def test_the_short_freeze_leaves_the_run_at_20x():
+  """The 8-step freeze's bytes over 600 steps, from the ratio of 1-bit Adam's
+  compressed phase the constant's comment derives (28.4x per step)."""
+  per_step = 28.4
+  steps, w = 600, study.SHORT_FREEZE_STEP
+  assert steps / (w + (steps - w) / per_step) >= 20.0
+  assert steps / (w + 1 + (steps - w - 1) / per_step) >= 20.0  # w + 1 = 9 too.
+  assert steps / (w + 2 + (steps - w - 2) / per_step) < 20.0  # 10 is too long.
+
+
 def test_every_method_has_its_grid_the_protocol_and_its_warm_up():
   for label, e in study.ENTRIES.items():
     assert len(e.rates) >= 3 and list(e.rates) == sorted(e.rates), label
@@ -143,7 +182,8 @@ def test_every_method_has_its_grid_the_protocol_and_its_warm_up():
     if e.family == "every-step" and compressor != "none" and name is None:
       assert e.method.hyperparameters["warmup_steps"] == study.DENSE_WARMUP, label
     if name in ("onebit_adam", "compressed_adam"):
-      assert e.method.optimizer["freeze_step"] == study.FREEZE_STEP, label
+      freeze = e.method.optimizer["freeze_step"]
+      assert freeze in (study.FREEZE_STEP, study.SHORT_FREEZE_STEP), label
   assert set(study.FAMILIES) == {e.family for e in study.ENTRIES.values()}
 
 
