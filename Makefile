@@ -40,11 +40,12 @@ demo: $(STAMP)
 # ruff, the import contract, then one pytest run: the tests, every docstring
 # example (--doctest-modules), every page example (Sybil, conftest.py) and the
 # site's build with warnings as errors (tests/test_docs.py).
+# The 25 slowest tests close the log: where the suite's 10-minute budget goes.
 test: $(STAMP)
 	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m ruff check $(LINTED)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules tests gradcomp bench train configs docs
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 --doctest-modules tests gradcomp bench train configs docs
 
 # The documentation site, with warnings as errors: open docs/_build/html/index.html.
 docs: $(STAMP)

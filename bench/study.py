@@ -18,7 +18,8 @@ transformer suite's machinery (:func:`bench.transformer.configure`,
    every outer rate at the usual inner rate: 5 runs, not 9); when the seed-0
    choice lies off the usual point, the cross through the choice is run too
    (:func:`cross_through_choice`), so an inner rate that only wins at another
-   outer rate is found one step away.
+   outer rate is found one step away (:func:`grown`: edges first, then the
+   cross, until neither adds a point).
 2. **Chosen on seed 0** by the final validation bits per byte
    (:func:`choose`): the lowest wins; runs within :data:`TIE_BPB` of it are
    tied and the one nearest the usual point wins; a run stopped by non-finite
@@ -551,6 +552,30 @@ def cross_through_choice(grid: Sequence[Mapping[str, Any]]) -> list[dict[str, fl
   return points
 
 
+def grown(grid: list[dict[str, Any]], max_extensions: int = MAX_EXTENSIONS):
+  """Grows ``grid`` until its seed-0 choice is interior and its cross is run.
+
+  Yields each point to run and expects it appended to ``grid`` before the
+  next is asked for. A choice at an edge grows the grid beyond it first
+  (:func:`extension`, at most ``max_extensions`` points in all); an interior
+  choice off the usual point then gets its cross (:func:`cross_through_choice`);
+  it stops when neither adds a point. Each point is new and the values of a
+  field grow only by the capped extensions, so it ends.
+  """
+  extensions = 0
+  while True:
+    beyond = extension(grid) if extensions < max_extensions else None
+    if beyond is not None:
+      extensions += 1
+      yield beyond
+      continue
+    cross = cross_through_choice(grid)
+    if not cross:
+      return
+    for point in cross:
+      yield point
+
+
 def _has_field(config, dotted: str) -> bool:
   node = config
   for part in dotted.split("."):
@@ -605,9 +630,10 @@ def protocol(windows: Sequence[int], seeds: int, steps: int = 600) -> dict[str, 
     f"ratio, x2 for AdamW's), up to {MAX_EXTENSIONS} points (a run with "
     "fewer leaves its choice flagged at the edge)",
     "periodic_grid": "a cross through the usual point: every inner rate at the "
-    "usual outer rate, every outer rate at the usual inner rate; when the seed-0 "
-    "choice lies off the usual point, the cross through the choice too (its "
-    "neighbouring inner rates at the chosen outer rate, and the reverse)",
+    "usual outer rate, every outer rate at the usual inner rate; then, while the "
+    "seed-0 choice sits at an edge, the grid grows beyond it, and while it lies "
+    "off the usual point, the cross through it is run too (its neighbouring "
+    "inner rates at the chosen outer rate, and the reverse)",
     "seeds": seeds,
     "windows_per_worker": list(windows),
     "every": EVERY,
@@ -766,11 +792,8 @@ def _run_size(
 
     if phase in ("grid", "all"):
       grid = [grid_run(point) for point in grid_points(entry)]
-      grid += [grid_run(point) for point in cross_through_choice(grid)]
-      for _ in range(max_extensions):
-        if (beyond := extension(grid)) is None:
-          break
-        grid.append(grid_run(beyond))
+      for point in grown(grid, max_extensions):
+        grid.append(grid_run(point))
     else:
       grid = kept.get("grid")
       if not grid:

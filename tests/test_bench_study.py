@@ -146,6 +146,44 @@ def test_a_choice_off_the_usual_point_adds_the_cross_through_it():
   assert study.cross_through_choice(every_step) == []  # One field: its grid.
 
 
+def test_the_grid_grows_to_a_best_point_off_the_first_cross_and_stops():
+  """A bowl whose minimum (inner 6e-3, outer 4) lies off SparseLoCo's first
+  cross: the outer rate's edge grows first (2 -> 4 -> 8), then the cross
+  through (3e-3, 4) finds 6e-3, and the cross through that adds nothing new
+  once its neighbours are run; no point is run twice. With no extensions
+  allowed, the cross alone still runs."""
+  lr, outer = "optimizer.learning_rate", "scheme.outer_learning_rate"
+
+  def bpb(p):  # Lowest at lr 6e-3, outer 4.
+    return (math.log2(p[lr] / 6e-3)) ** 2 + (math.log2(p[outer] / 4.0)) ** 2
+
+  def run(max_extensions):
+    grid = [
+      {"key": study.point_key(p), "point": p, "final_bpb": bpb(p), "stopped": None}
+      for p in study.grid_points(study.ENTRIES["sparseloco"])
+    ]
+    for p in study.grown(grid, max_extensions):
+      assert all(g["point"] != p for g in grid)  # Never run twice.
+      grid.append({"key": "", "point": p, "final_bpb": bpb(p), "stopped": None})
+    return grid
+
+  grid = run(study.MAX_EXTENSIONS)
+  # 6e-3 is the inner grid's top: flagged, the two extensions spent on outer.
+  assert study.choose(grid) == {**study.choose(grid), "point": {lr: 6e-3, outer: 4.0}}
+  assert study.choose(grid)["edge"]
+  added = [g["point"] for g in grid[5:]]
+  assert added == [
+    {lr: 3e-3, outer: 4.0},  # the outer edge, twice
+    {lr: 3e-3, outer: 8.0},
+    {lr: 1.5e-3, outer: 4.0},  # the cross through (3e-3, 4)
+    {lr: 6e-3, outer: 4.0},
+    {lr: 6e-3, outer: 2.0},  # the cross through (6e-3, 4)
+    {lr: 6e-3, outer: 8.0},
+  ]
+  capped = [g["point"] for g in run(0)[5:]]
+  assert capped == [{lr: 1.5e-3, outer: 2.0}, {lr: 6e-3, outer: 2.0}]
+
+
 def test_the_short_freeze_leaves_the_run_at_20x():
   """The 8-step freeze's bytes over 600 steps, from the ratio of 1-bit Adam's
   compressed phase the constant's comment derives (28.4x per step)."""
