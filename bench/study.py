@@ -572,8 +572,7 @@ def grown(grid: list[dict[str, Any]], max_extensions: int = MAX_EXTENSIONS):
     cross = cross_through_choice(grid)
     if not cross:
       return
-    for point in cross:
-      yield point
+    yield from cross
 
 
 def _has_field(config, dotted: str) -> bool:
