@@ -20,8 +20,10 @@ from train import logs  # noqa: E402
 from train.islands import checkpoint as checkpoint_lib  # noqa: E402
 from train.islands import coordinator, records, run  # noqa: E402
 
-# One worker runs the module: its tests share one local Ray and its runs.
-pytestmark = pytest.mark.xdist_group("islands")
+# One worker runs the module: its tests share one local Ray and its runs. The
+# two-process runs (test_multihost) share that worker, so the suite's
+# multi-process runs never starve each other of the 2 cores.
+pytestmark = pytest.mark.xdist_group("processes")
 
 ROUNDS = 14
 FAULTS = ";".join(

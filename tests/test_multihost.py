@@ -38,6 +38,10 @@ OVERRIDES = {
   "fusion.plan": "auto",
 }
 TIMEOUT_S = 300  # A hung collective fails the test instead of blocking it.
+# On the islands' worker (test_islands.py): two multi-process tests at once
+# oversubscribe 2 cores, and a GoSGD run hung once under such load
+# (BUILD_NOTES, Known gaps).
+pytestmark = pytest.mark.xdist_group("processes")
 
 
 def gloo_missing() -> str | None:
