@@ -40,9 +40,10 @@ transformer suite's machinery (:func:`bench.transformer.configure`,
    ``compressor.warmup_steps`` = :data:`DENSE_WARMUP` (gpt_tiny's AdamW
    warm-up); the frozen-variance optimizers (1-bit Adam, compressed-momentum
    Adam) warm up through ``freeze_step`` = :data:`FREEZE_STEP`, their own
-   dense phase, which also estimates the variance they freeze; 0/1 Adam and
-   DeMo follow their own schedules. The bytes are over the whole run, the
-   dense phases included.
+   dense phase, which also estimates the variance they freeze (1-bit Adam
+   also at :data:`SHORT_FREEZE_STEP`, the longest freeze that leaves the run
+   at 20x fewer bytes); 0/1 Adam and DeMo follow their own schedules. The
+   bytes are over the whole run, the dense phases included.
 6. **The per-worker batch** is a parameter (``--windows-per-worker``,
    default :data:`WINDOWS_PER_WORKER`); the whole protocol runs at each size
    given (e.g. ``8,32``), each size its own grid and choice.
@@ -59,7 +60,7 @@ the method fastest to the target among those whose mean final bpb is within
 
 Writes ``study.json`` and ``study.md`` to ``--out``; ``--page PATH`` renders
 the recommendation page from that JSON (:func:`bench.study_page.render`);
-``--phase page`` only renders it. The full study is about 70 runs of 5-10
+``--phase page`` only renders it. The full study is about 75 runs of 5-10
 minutes each on a 2-core CPU.
 """
 
