@@ -86,6 +86,19 @@ def test_a_periodic_grid_is_a_cross_and_an_outer_edge_is_flagged():
   assert choice["point"] == {LR: 3e-3, OUTER: 1.0} and choice["edge"]
 
 
+def _one_best(points, best):
+  """A seed-0 grid over ``points`` in which only ``best`` did well."""
+  return [
+    {
+      "key": study.point_key(p),
+      "point": p,
+      "final_bpb": 1.0 if p == best else 2.0,
+      "stopped": None,
+    }
+    for p in points
+  ]
+
+
 def test_a_choice_at_an_edge_grows_the_grid_beyond_it_one_field_at_a_time():
   """The cross grid of a periodic method: an inner rate chosen at the top edge
   adds the next doubling at the chosen outer rate; an outer rate chosen at
@@ -94,25 +107,19 @@ def test_a_choice_at_an_edge_grows_the_grid_beyond_it_one_field_at_a_time():
   lr, outer = "optimizer.learning_rate", "scheme.outer_learning_rate"
   points = study.grid_points(study.ENTRIES["diloco"])
 
-  def grid(best):
-    return [
-      {
-        "key": study.point_key(p),
-        "point": p,
-        "final_bpb": 1.0 if p == best else 2.0,
-        "stopped": None,
-      }
-      for p in points
-    ]
-
   top_lr = {lr: max(study.ADAMW_RATES), outer: 0.7}
-  assert study.extension(grid(top_lr)) == {lr: 2 * max(study.ADAMW_RATES), outer: 0.7}
+  assert study.extension(_one_best(points, top_lr)) == {
+    lr: 2 * max(study.ADAMW_RATES),
+    outer: 0.7,
+  }
   low_outer = {lr: 3e-3, outer: min(study.OUTER_RATES)}
   ratio = study.OUTER_RATES[1] / study.OUTER_RATES[0]
-  beyond = study.extension(grid(low_outer))
+  beyond = study.extension(_one_best(points, low_outer))
   assert beyond[lr] == 3e-3 and beyond[outer] == pytest.approx(0.5 / ratio, rel=1e-6)
-  assert study.extension(grid(points[0])) is None  # The usual point: interior.
-  g = grid(top_lr)
+  assert (
+    study.extension(_one_best(points, points[0])) is None
+  )  # The usual point: interior.
+  g = _one_best(points, top_lr)
   g.append({**g[0], "point": study.extension(g), "final_bpb": 3.0})
   assert study.extension(g) is None  # Beyond it is worse: lr 6e-3 is interior.
 
@@ -125,20 +132,9 @@ def test_a_choice_off_the_usual_point_adds_the_cross_through_it():
   points = study.grid_points(study.ENTRIES["sparseloco"])
   best = {lr: 3e-3, outer: max(study.SPARSELOCO_OUTER_RATES)}
 
-  def grid(best):
-    return [
-      {
-        "key": study.point_key(p),
-        "point": p,
-        "final_bpb": 1.0 if p == best else 2.0,
-        "stopped": None,
-      }
-      for p in points
-    ]
-
-  added = study.cross_through_choice(grid(best))
+  added = study.cross_through_choice(_one_best(points, best))
   assert added == [{lr: 1.5e-3, outer: best[outer]}, {lr: 6e-3, outer: best[outer]}]
-  assert study.cross_through_choice(grid(points[0])) == []
+  assert study.cross_through_choice(_one_best(points, points[0])) == []
   every_step = [
     {"key": str(r), "point": {lr: r}, "final_bpb": r, "stopped": None}
     for r in study.ADAMW_RATES
