@@ -234,9 +234,9 @@ def _entries() -> tuple[Entry, ...]:
         f"onebit_adam_freeze{SHORT_FREEZE_STEP}",
         _SYNC,
         optimizer={"name": "onebit_adam", "freeze_step": SHORT_FREEZE_STEP},
-        why=f"1-bit Adam with a {SHORT_FREEZE_STEP}-step dense phase, the longest "
-        "that leaves the run at 20x fewer bytes: a variance from the first "
-        f"{SHORT_FREEZE_STEP} gradients, frozen",
+        why=f"1-bit Adam: {SHORT_FREEZE_STEP} dense AdamW steps (the longest dense "
+        "phase that leaves the run at 20x fewer bytes), then the 1-bit momentum "
+        f"with the variance of those {SHORT_FREEZE_STEP} steps frozen",
       ),
       every,
       f"1-bit Adam, {SHORT_FREEZE_STEP}-step freeze",
