@@ -576,6 +576,17 @@ def grown(grid: list[dict[str, Any]], max_extensions: int = MAX_EXTENSIONS):
     yield from cross
 
 
+def chosen_run(method: Mapping[str, Any]) -> dict[str, Any] | None:
+  """Seed 0's run at a method's chosen point (its grid's), or ``None``.
+
+  ``method``: a study record with ``grid`` and ``choice``, as the JSON holds.
+  """
+  choice = method.get("choice")
+  if choice is None:
+    return None
+  return next((g.get("run") for g in method["grid"] if g["key"] == choice["key"]), None)
+
+
 def _has_field(config, dotted: str) -> bool:
   node = config
   for part in dotted.split("."):
@@ -805,8 +816,7 @@ def _run_size(
     record["choice"] = choose(grid)
     if phase in ("seeds", "all") and record["choice"] is not None:
       point = record["choice"]["point"]
-      first = next(g["run"] for g in grid if g["key"] == record["choice"]["key"])
-      record["runs"] = [first] + [train(s, point) for s in range(1, seeds)]
+      record["runs"] = [chosen_run(record)] + [train(s, point) for s in range(1, seeds)]
     elif (
       phase == "grid" and kept.get("choice") == record["choice"] and kept.get("runs")
     ):

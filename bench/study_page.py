@@ -153,19 +153,11 @@ def _old_section() -> list[str]:
   ]
 
 
-def _chosen_run(m: Mapping[str, Any]) -> dict[str, Any] | None:
-  """Seed 0's run at a method's chosen point (the grid's), or ``None``."""
-  choice = m.get("choice")
-  if choice is None:
-    return None
-  return next((g.get("run") for g in m["grid"] if g["key"] == choice["key"]), None)
-
-
 def _chosen_curves(m: Mapping[str, Any]) -> tuple[list[dict], str]:
   """The eval curves at a method's chosen point: its seeds, else seed 0's grid run."""
   if m.get("runs"):
     return [r["curve"] for r in m["runs"]], f"{len(m['runs'])} seeds"
-  run = _chosen_run(m)
+  run = study.chosen_run(m)
   return ([run["curve"]], "seed 0") if run else ([], "")
 
 
@@ -413,9 +405,9 @@ def _bars(size: Mapping[str, Any]) -> list[str]:
   if all(m.get("summary") for m in pair):  # Three seeds each: their means.
     finals = [m["summary"]["final_bpb"]["mean"] for m in pair]
     runs, what = [m["runs"][0] for m in pair], "- Periodic: SparseLoCo ends"
-  elif all(_chosen_run(m) for m in pair):  # The grids only: seed 0.
+  elif all(study.chosen_run(m) for m in pair):  # The grids only: seed 0.
     finals = [m["choice"]["final_bpb"] for m in pair]
-    runs = [_chosen_run(m) for m in pair]
+    runs = [study.chosen_run(m) for m in pair]
     what = (
       "- Periodic, seed 0 only (the seeds have not run): SparseLoCo's grid ends at best"
     )

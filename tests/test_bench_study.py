@@ -116,9 +116,8 @@ def test_a_choice_at_an_edge_grows_the_grid_beyond_it_one_field_at_a_time():
   ratio = study.OUTER_RATES[1] / study.OUTER_RATES[0]
   beyond = study.extension(_one_best(points, low_outer))
   assert beyond[lr] == 3e-3 and beyond[outer] == pytest.approx(0.5 / ratio, rel=1e-6)
-  assert (
-    study.extension(_one_best(points, points[0])) is None
-  )  # The usual point: interior.
+  # The usual point: interior.
+  assert study.extension(_one_best(points, points[0])) is None
   g = _one_best(points, top_lr)
   g.append({**g[0], "point": study.extension(g), "final_bpb": 3.0})
   assert study.extension(g) is None  # Beyond it is worse: lr 6e-3 is interior.
