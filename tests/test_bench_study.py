@@ -189,6 +189,24 @@ def test_the_short_freeze_leaves_the_run_at_20x():
   assert steps / (w + 2 + (steps - w - 2) / per_step) < 20.0  # 10 is too long.
 
 
+def test_the_sparse_variance_0_1_adam_leaves_the_run_at_20x():
+  """Its exchange schedule priced with 1-bit Adam's measured per-step bytes
+  (BUILD_NOTES, "1-bit Adam": 1,783,808 dense, 62,748 one-bit): 15 dense
+  variance steps in 600, 21.0x fewer bytes; the reference's 16 gives 7.6x."""
+  from gradcomp.optimizers.zero_one_adam import exchange_schedule
+
+  price = {"dense": 1_783_808, "onebit": 62_748, "none": 0}
+  label = f"zero_one_adam_scaler{study.SPARSE_VAR_UPDATE_SCALER}"
+  optimizer = dict(study.ENTRIES[label].method.optimizer)
+  assert optimizer.pop("name") == "zero_one_adam"
+  kinds = exchange_schedule(600, **optimizer)
+  ratio = 600 * price["dense"] / sum(price[k] for k in kinds)
+  assert kinds.count("dense") == 15 and 20.0 <= ratio < 21.1
+  reference = dict(study.ENTRIES["zero_one_adam"].method.optimizer)
+  del reference["name"]
+  assert {**reference, "var_update_scaler": 2} == optimizer
+
+
 def test_every_method_has_its_grid_the_protocol_and_its_warm_up():
   for label, e in study.ENTRIES.items():
     assert len(e.rates) >= 3 and list(e.rates) == sorted(e.rates), label
