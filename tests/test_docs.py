@@ -78,12 +78,39 @@ def test_the_reference_parser_reads_blocks():
 
 
 def test_site_builds_without_warnings(tmp_path):
+  """Sphinx's text builder, warnings as errors.
+
+  It reads every page, runs autodoc and autosummary and resolves every
+  cross-reference (a missing page or anchor warns) as the HTML build does,
+  in a third of the time (13 s against 39 s on 2 cores): what it skips is
+  writing HTML, the theme's templates and viewcode's source pages, which
+  ``make docs`` builds with the same ``-W``.
+  """
   result = subprocess.run(
-    [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html"]
-    + ["-d", str(tmp_path / "doctrees"), str(DOCS), str(tmp_path / "html")],
+    [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "text"]
+    + ["-d", str(tmp_path / "doctrees"), str(DOCS), str(tmp_path / "text")],
     capture_output=True,
     text=True,
     timeout=540,
   )
   assert result.returncode == 0, result.stderr[-5000:]
-  assert (tmp_path / "html" / "api" / "_autosummary" / "gradcomp.topk.html").exists()
+  assert (tmp_path / "text" / "api" / "_autosummary" / "gradcomp.topk.txt").exists()
+
+
+def test_a_missing_reference_fails_the_build(tmp_path):
+  """The build above cannot pass a broken link: the text builder resolves them."""
+  page = tmp_path / "src" / "index.md"
+  page.parent.mkdir()
+  page.write_text("# Page\n\nSee {doc}`no_such_page` and [there](#no-such-anchor).\n")
+  (tmp_path / "src" / "conf.py").write_text(
+    'extensions = ["myst_parser"]\nmyst_heading_anchors = 3\n'
+  )
+  result = subprocess.run(
+    [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "text"]
+    + [str(tmp_path / "src"), str(tmp_path / "text")],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert result.returncode != 0
+  assert "no_such_page" in result.stderr and "no-such-anchor" in result.stderr
