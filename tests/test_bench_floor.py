@@ -12,6 +12,9 @@ import pytest
 
 from bench import floor
 
+# One worker builds the run once for both tests.
+pytestmark = pytest.mark.xdist_group("bench_floor")
+
 _SHAPES = [("conv/kernel", (3, 3, 4, 8)), ("conv/bias", (8,)), ("dense", (40, 10))]
 
 

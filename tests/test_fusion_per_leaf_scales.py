@@ -34,6 +34,10 @@ from gradcomp.fusion.plan import Plan
 
 import harness
 
+# One worker builds each module fixture once (split over two, the fixtures
+# of a parameter were built on both).
+pytestmark = pytest.mark.xdist_group("per_leaf_scales")
+
 STEPS = 3
 BUCKET = 16  # QSGD's buckets and int_quantize's blocks
 U = 2.0**-24  # float32 unit roundoff

@@ -33,6 +33,10 @@ from gradcomp.fusion.plan import Plan
 
 import harness
 
+# One worker builds each module fixture once (split over two, the fixtures
+# of a parameter were built on both).
+pytestmark = pytest.mark.xdist_group("per_leaf_selection")
+
 STEPS = 3
 RATIO = 0.1
 # Tree order is the sorted keys. k = max(1, floor(0.1 d)): 38, 1 (of 16),

@@ -28,6 +28,10 @@ from gradcomp.sim.profile import Profile, label_of
 
 import harness
 
+# One worker builds each module fixture once (split over two, the fixtures
+# of a parameter were built on both).
+pytestmark = pytest.mark.xdist_group("fusion_semantics")
+
 RANK = 4
 STEPS = 3
 U = 2.0**-24  # float32 unit roundoff
