@@ -576,6 +576,18 @@ def test_device_count_is_kept_once_jax_runs():
   assert jax.device_count() == 8
 
 
+def test_a_multi_process_run_is_warned_of_the_persistent_cache():
+  """conftest.py turns the cache on for the suite: the hazard is named, with
+  its directory; with the cache off or without a directory, nothing."""
+  directory = jax.config.jax_compilation_cache_dir
+  assert directory and directory in launch.persistent_cache_hazard()
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    assert launch.persistent_cache_hazard() is None
+  finally:
+    jax.config.update("jax_enable_compilation_cache", True)
+
+
 def test_layout_names_the_per_worker_leaves():
   mesh = jax.make_mesh((jax.device_count(),), (step_lib.AXIS,))
   model = models.create("mlp", 10, features=(4,))
