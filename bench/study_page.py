@@ -401,24 +401,29 @@ def _bars(size: Mapping[str, Any]) -> list[str]:
     lines.append(
       "- Every-step: no method sends 20x fewer bytes than dense within 2 % of its bpb."
     )
-  pair = [methods.get(x, {}) for x in ("sparseloco", "diloco")]
-  if all(m.get("summary") for m in pair):  # Three seeds each: their means.
-    finals = [m["summary"]["final_bpb"]["mean"] for m in pair]
-    runs, what = [m["runs"][0] for m in pair], "- Periodic: SparseLoCo ends"
-  elif all(study.chosen_run(m) for m in pair):  # The grids only: seed 0.
-    finals = [m["choice"]["final_bpb"] for m in pair]
-    runs = [study.chosen_run(m) for m in pair]
-    what = (
-      "- Periodic, seed 0 only (the seeds have not run): SparseLoCo's grid ends at best"
+  diloco = methods.get("diloco", {})
+  for m in methods.values():  # Every SparseLoCo variant against dense DiLoCo.
+    if m["method"]["scheme"].get("name") != "sparseloco":
+      continue
+    pair = [m, diloco]
+    if all(x.get("summary") for x in pair):  # Three seeds each: their means.
+      finals = [x["summary"]["final_bpb"]["mean"] for x in pair]
+      runs, what = [x["runs"][0] for x in pair], f"- Periodic: {m['title']} ends"
+    elif all(study.chosen_run(x) for x in pair):  # The grids only: seed 0.
+      finals = [x["choice"]["final_bpb"] for x in pair]
+      runs = [study.chosen_run(x) for x in pair]
+      what = (
+        f"- Periodic, seed 0 only (the seeds have not run): {m['title']}'s grid "
+        "ends at best"
+      )
+    else:
+      continue
+    rounds = [sum(r["sim_inputs"]["round_wire"].values()) for r in runs]
+    lines.append(
+      f"{what} at {_num(finals[0])} against DiLoCo's {_num(finals[1])} at the "
+      f"same interval, with {rounds[1] / rounds[0]:.3g}x fewer bytes per round "
+      f"({rounds[0]:,} against {rounds[1]:,}; bar: at or below, 30x)."
     )
-  else:
-    return lines
-  rounds = [sum(r["sim_inputs"]["round_wire"].values()) for r in runs]
-  lines.append(
-    f"{what} at {_num(finals[0])} against DiLoCo's {_num(finals[1])} at the "
-    f"same interval, with {rounds[1] / rounds[0]:.3g}x fewer bytes per round "
-    f"({rounds[0]:,} against {rounds[1]:,}; bar: at or below, 30x)."
-  )
   return lines
 
 

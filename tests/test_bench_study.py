@@ -440,6 +440,19 @@ def test_the_periodic_bar_reads_seed_0_when_the_seeds_have_not_run(result):
   assert row.endswith(" |")
 
 
+def test_every_sparseloco_variant_is_read_against_the_periodic_bar(result):
+  """A second SparseLoCo entry (another k) gets its own line; DiLoCo none."""
+  more = json.loads(json.dumps(result))
+  methods = more["sizes"]["8"]["methods"]
+  methods["sparseloco_k128"] = {**methods["sparseloco"], "title": "SparseLoCo k 128"}
+  page = study_page.render(more)
+  lines = [x for x in page.splitlines() if x.startswith("- Periodic: ")]
+  assert [x.split(" ends")[0] for x in lines] == [
+    f"- Periodic: SparseLoCo every {EVERY}",
+    "- Periodic: SparseLoCo k 128",
+  ]
+
+
 def test_the_committed_page_is_the_placeholder_or_a_rendered_study():
   text = PAGE.read_text()
   if study_page.GENERATED in text:  # The study ran: the page is its numbers'.
