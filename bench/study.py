@@ -359,8 +359,8 @@ def _entries() -> tuple[Entry, ...]:
         f"sparseloco_k{DENSE_SPARSELOCO_K}",
         {**_SPARSELOCO, "k": DENSE_SPARSELOCO_K},
         why=f"SparseLoCo as above with top-{DENSE_SPARSELOCO_K} of each 64 x 64 "
-        f"tile ({100 * DENSE_SPARSELOCO_K / 4096:.1f} %), twice the base's "
-        "density",
+        f"tile ({100 * DENSE_SPARSELOCO_K / _SPARSELOCO['chunk'] ** 2:.1f} %), "
+        "twice the base's density",
       ),
       periodic,
       f"SparseLoCo every {EVERY}, top-{DENSE_SPARSELOCO_K}",

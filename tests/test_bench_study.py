@@ -205,6 +205,8 @@ def test_the_sparse_variance_0_1_adam_leaves_the_run_at_20x():
   reference = dict(study.ENTRIES["zero_one_adam"].method.optimizer)
   del reference["name"]
   assert {**reference, "var_update_scaler": 2} == optimizer
+  kinds = exchange_schedule(600, **reference)
+  assert 7.5 < 600 * price["dense"] / sum(price[k] for k in kinds) < 7.7
 
 
 def test_every_method_has_its_grid_the_protocol_and_its_warm_up():

@@ -581,11 +581,12 @@ def test_a_multi_process_run_is_warned_of_the_persistent_cache():
   its directory; with the cache off or without a directory, nothing."""
   directory = jax.config.jax_compilation_cache_dir
   assert directory and directory in launch.persistent_cache_hazard()
+  enabled = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
   try:
     assert launch.persistent_cache_hazard() is None
   finally:
-    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_enable_compilation_cache", enabled)
 
 
 def test_layout_names_the_per_worker_leaves():
