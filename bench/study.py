@@ -602,10 +602,11 @@ def grown(grid: list[dict[str, Any]], max_extensions: int = MAX_EXTENSIONS):
 
   Yields each point to run and expects it appended to ``grid`` before the
   next is asked for. A choice at an edge grows the grid beyond it first
-  (:func:`extension`, at most ``max_extensions`` points in all); an interior
-  choice off the usual point then gets its cross (:func:`cross_through_choice`);
-  it stops when neither adds a point. Each point is new and the values of a
-  field grow only by the capped extensions, so it ends.
+  (:func:`extension`, at most ``max_extensions`` points in all); a choice off
+  the usual point then gets its cross (:func:`cross_through_choice`), interior
+  or at an edge the cap left, so ``max_extensions=0`` can still add the
+  cross's points; it stops when neither adds a point. Each point is new and
+  the values of a field grow only by the capped extensions, so it ends.
   """
   extensions = 0
   while True:
