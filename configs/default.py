@@ -109,8 +109,8 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   params), ``eager`` (Kale et al.'s eager updates) and ``split_leaves``
   (equal fragments that may cut leaves). ``sparseloco`` (Sarfi et al.
   2025) takes ``every``, ``outer_learning_rate``, ``k`` (values kept per
-  ``chunk`` x ``chunk`` tile), ``chunk``, ``value_bits`` and ``ef_decay``,
-  and sends its own codec (``config.compressor`` is set to ``none``).
+  ``chunk`` x ``chunk`` tile), ``chunk``, ``value_bits``, ``ef_decay`` and
+  ``mean`` (``workers`` or Templar's ``senders``), and sends its own codec (``config.compressor`` is set to ``none``).
   ``easgd`` takes
   ``alpha`` and ``every``. ``cdsgd`` (paper 001) takes
   ``local_learning_rate``, ``k``, ``warmup_steps``, ``message_scale`` and
@@ -165,6 +165,7 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
     ("chunk", int),
     ("value_bits", int),
     ("ef_decay", float),
+    ("mean", str),
   ):
     c[key] = config_dict.placeholder(kind)
   c.update(kwargs)

@@ -86,10 +86,14 @@ def _tiles(x):
 
 
 def _q_topk(e, margins):
-  """Q(Top-k(e)) per tile, float64, dense; records its distance to ties and bin edges."""
+  """Q(Top-k(e)) per tile, float64, dense, and where it was sent.
+
+  Records its distance to ties and bin edges in ``margins``.
+  """
   t, (blocks, h, w) = _tiles(e)
   k = max(1, math.floor(K * t.shape[1] / CHUNK**2))
   out = np.zeros((1, e.shape[0]) if e.ndim == 1 else e.shape)
+  chosen = np.zeros(out.shape, bool)
   levels = 2**BITS
   for row, (i, j) in zip(t, blocks, strict=True):
     order = np.argsort(-np.abs(row), kind="stable")
@@ -103,27 +107,35 @@ def _q_topk(e, margins):
     sent = np.zeros(h * w)
     sent[order[:k]] = (codes - levels // 2 + 0.5) * step
     out[i : i + h, j : j + w] = sent.reshape(h, w)
-  return out.reshape(e.shape)
+    chosen[i : i + h, j : j + w] = (
+      (np.arange(h * w) == order[:k, None]).any(0).reshape(h, w)
+    )
+  return out.reshape(e.shape), chosen.reshape(e.shape)
 
 
-def _reference(grads):
-  """Alg. 1 with inner SGD: the shared params after each round, and each e_r."""
+def _reference(grads, mean="workers"):
+  """Alg. 1 with inner SGD: the shared params after each round, and each e_r.
+
+  ``mean="senders"``: each coordinate's sum over the workers that sent it,
+  divided by their number (Templar's ``scatter_reduce("mean")``), not by N.
+  """
   theta = {k: np.zeros(s) for k, s in SHAPES.items()}
   error = {k: np.zeros((N, *s)) for k, s in SHAPES.items()}
   rounds, margins = [], []
   for t in range(ROUNDS):
     new = {}
     for k in SHAPES:
-      total = 0.0
+      total, senders = 0.0, 0
       for r in range(N):
         local = theta[k].copy()
         for s in range(t * EVERY, (t + 1) * EVERY):
           local = local - LR * grads[k][s, r].astype(np.float64)
         error[k][r] = BETA * error[k][r] + (theta[k] - local)
-        sent = _q_topk(error[k][r], margins)
+        sent, chosen = _q_topk(error[k][r], margins)
         error[k][r] = error[k][r] - sent
-        total = total + sent / N
-      new[k] = theta[k] - ALPHA * total
+        total, senders = total + sent, senders + chosen
+      divisor = np.maximum(senders, 1) if mean == "senders" else N
+      new[k] = theta[k] - ALPHA * total / divisor
     theta = new
     rounds.append(theta)
   return rounds, error, min(margins)
@@ -141,9 +153,27 @@ def run(mesh4):
   return grads, history, state
 
 
+@pytest.fixture(scope="module")
+def run_senders(mesh4):
+  grads = _grads(seed=0)
+  history, state = _run(_tx(axis_name=AXIS, mean="senders"), grads, mesh4)
+  return grads, history, state
+
+
 def test_matches_a_float64_transcription_of_alg1_on_4_workers(run):
-  grads, history, state = run
-  rounds, error, margin = _reference(grads)
+  _check_against_the_reference(*run, mean="workers")
+
+
+def test_the_mean_over_senders_matches_templars_reading_on_4_workers(run_senders, run):
+  _check_against_the_reference(*run_senders, mean="senders")
+  # Some coordinate was sent by fewer than all 4 workers, so the readings differ.
+  assert any(
+    np.any(np.asarray(run_senders[1][k]) != np.asarray(run[1][k])) for k in SHAPES
+  )
+
+
+def _check_against_the_reference(grads, history, state, mean):
+  rounds, error, margin = _reference(grads, mean)
   # Away from ties and bin edges by 10x what float32 moves them (~16 u).
   assert margin > 10 * 16 * U
   for t, theta in enumerate(rounds):
@@ -245,6 +275,7 @@ def test_a_round_sends_what_the_docstring_says():
     ({"every": 0}, r"every must be an integer in \[1, inf\), got 0"),
     ({"outer_learning_rate": 0.0}, r"outer_learning_rate must be .* > 0, got 0.0"),
     ({"outer_learning_rate": float("nan")}, r"outer_learning_rate .*got nan"),
+    ({"mean": "all"}, r"mean must be 'workers' or 'senders', got 'all'"),
   ],
 )
 def test_bad_hyperparameters_are_named(kwargs, message):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from configs import sparseloco as recipe
+from gradcomp.compressors import spec as spec_lib
 from gradcomp.compressors import topk as topk_lib
 from gradcomp.schemes.sparseloco import ratio
 from train import logs, train
@@ -101,3 +102,16 @@ def test_the_recipe_sends_its_own_codec():
   resolved = schemes_lib.get(config).resolve(config)
   assert resolved.compressor.name == "none" and resolved.compressor.ratio is None
   assert resolved.fusion.plan == "none"
+
+
+def test_the_mean_field_reaches_the_codec():
+  """``scheme.mean=senders`` builds Templar's reading; unset keeps Alg. 1's."""
+
+  def round_tx(config):  # the codec a round sends; it reads only the config
+    return schemes_lib.get(config)(config, None, None, "shard_map").round_tx(None)
+
+  senders = spec_lib.spec_of(round_tx(tiny(**{"scheme.mean": "senders"})))
+  assert dict(senders.arguments)["mean"] == "senders"
+  assert "mean" not in dict(spec_lib.spec_of(round_tx(tiny())).arguments)
+  with pytest.raises(ValueError, match=r"mean must be 'workers' or 'senders'"):
+    round_tx(tiny(**{"scheme.mean": "all"}))

@@ -292,12 +292,27 @@ def test_defaults_are_todays_topk():
     ({"ef_decay": 1.5}, r"ef_decay must be a number in \[0, 1\], got 1.5"),
     ({"ef_decay": 0.5, "error_feedback": False}, r"ef_decay .* must be 1.0"),
     ({"ratio": 0.0, "chunk": 8}, r"ratio must be in \(0, 1\], got 0.0"),
+    (
+      {"mean": "median", "chunk": 8},
+      r"mean must be 'workers' or 'senders', got 'median'",
+    ),
+    ({"mean": "senders"}, r"mean='senders' is the tiled codec's.*chunk=None"),
   ],
 )
 def test_bad_hyperparameters_are_named(kwargs, message):
   kwargs = {"ratio": 0.1, **kwargs}
   with pytest.raises(ValueError, match=message):
     gradcomp.topk(**kwargs)
+
+
+def test_a_mean_over_senders_needs_the_payloads_gathered():
+  """A pattern's receivers sum one decoded payload at a time: no sender counts."""
+
+  class OnePeer(exchange.Pattern):
+    axis = "data"
+
+  with pytest.raises(ValueError, match=r"mean='senders' needs the workers' payloads"):
+    gradcomp.topk(0.1, chunk=8, mean="senders", axis_name=OnePeer())
 
 
 def test_zeros_and_huge_values_stay_finite():

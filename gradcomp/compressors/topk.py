@@ -29,6 +29,10 @@ VALUE_BITS = (1, 2, 3, 4, 5, 6, 7, 8, 32)
 #: kept values: ``2**b`` bins over ``[-3 rms, 3 rms]``, 6 sigma wide, as Templar's
 #: ``TopKCompressor`` (``quantization_range=6`` over ``quantization_bins``).
 SIGMAS = 3.0
+#: How a coordinate's sum over the workers becomes their mean: divided by all
+#: ``n`` workers (SparseLoCo's Alg. 1) or by the workers that sent it
+#: (Templar's ``scatter_reduce("mean", include_self=False)``).
+MEANS = ("workers", "senders")
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -41,6 +45,7 @@ def topk(
   value_bits: int = 32,
   ef_decay: float = 1.0,
   per_leaf: bool = False,
+  mean: str = "workers",
 ) -> optax.GradientTransformation:
   """Magnitude top-k with error feedback; payloads are all-gathered.
 
@@ -87,8 +92,12 @@ def topk(
 
   **Mean.** Each worker's decoded payload counts ``1/n`` (the paper's Alg. 1,
   :math:`\\frac1R \\sum_r \\hat\\Delta_r`), also where fewer than ``n``
-  workers sent a coordinate; Templar's code averages over the senders of a
-  coordinate instead (``scatter_reduce("mean", include_self=False)``).
+  workers sent a coordinate. ``mean="senders"`` is Templar's code instead
+  (``scatter_reduce("mean", include_self=False)``): a coordinate's values
+  are averaged over the workers that sent it, so one sent by a single worker
+  arrives whole rather than at ``1/n``. The wire is the same; each receiver
+  counts the senders from the positions it decodes. It is the tiled codec's
+  (``chunk`` or quantised values), with the payloads gathered.
 
   **Wire** (bytes a worker sends per leaf, :func:`payload_bytes`): without
   ``chunk`` and ``value_bits``, ``k * (4 + 4)``; with them, for ``T`` tiles
@@ -121,6 +130,9 @@ def topk(
       one unit, its top ``k`` chosen across its leaves (the seed's fused
       top-k), unless ``chunk`` is set (tiles never straddle two leaves).
       Leaf by leaf, without fusion, both are the same compressor.
+    mean: ``"workers"`` (divide by all ``n``) or ``"senders"`` (divide each
+      coordinate by the workers that sent it; needs ``chunk`` or
+      ``value_bits < 32`` and a named axis, not a server's pattern).
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -178,6 +190,20 @@ def topk(
     2025, arXiv 2508.15706, §3 and Alg. 1; Templar,
     https://github.com/tplr-ai/templar (``src/tplr/compress/topk.py``).
   """
+  if mean != "workers":  # recorded with ``mean``; the default's label is today's
+    check_mean(mean, axis_name, chunk, value_bits)
+    if per_leaf not in (True, False):
+      raise ValueError(f"per_leaf must be True or False, got {per_leaf!r}")
+    return _sender_mean_topk(
+      ratio,
+      axis_name=axis_name,
+      error_feedback=error_feedback,
+      chunk=chunk,
+      value_bits=value_bits,
+      ef_decay=ef_decay,
+      per_leaf=per_leaf,
+      mean=mean,
+    )
   if per_leaf is not False:
     if per_leaf is not True:
       raise ValueError(f"per_leaf must be True or False, got {per_leaf!r}")
@@ -242,14 +268,56 @@ def _per_leaf_topk(
   return _build(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay)
 
 
+def _sender_mean_topk(
+  ratio: float,
+  *,
+  axis_name: exchange.AxisName = None,
+  error_feedback: bool = True,
+  chunk: int | None = None,
+  value_bits: int = 32,
+  ef_decay: float = 1.0,
+  per_leaf: bool = False,
+  mean: str = "senders",
+) -> optax.GradientTransformation:
+  """:func:`topk` with a ``mean`` other than the default: recorded with it."""
+  del per_leaf  # layer-wise, per leaf either way; LayerFusion reads it back
+  mean = check_mean(mean, axis_name, chunk, value_bits)
+  return _build(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay, mean)
+
+
 # All recorded under the public name: spec_of(tx).name is "topk" either way,
 # and spec_of(tx).build(axis_name=...) rebuilds through the same one.
 _flat_topk.__name__ = _flat_topk.__qualname__ = "topk"
 _tiled_topk.__name__ = _tiled_topk.__qualname__ = "topk"
 _per_leaf_topk.__name__ = _per_leaf_topk.__qualname__ = "topk"
+_sender_mean_topk.__name__ = _sender_mean_topk.__qualname__ = "topk"
 _flat_topk = recorded(_flat_topk)
 _tiled_topk = recorded(_tiled_topk)
 _per_leaf_topk = recorded(_per_leaf_topk)
+_sender_mean_topk = recorded(_sender_mean_topk)
+
+
+def check_mean(mean, axis_name, chunk, value_bits) -> str:
+  """``mean`` checked to be one of :data:`MEANS` that this codec can take.
+
+  Raises:
+    ValueError: another value; ``"senders"`` without tiles or quantised
+      values, or with a server's pattern (whose receivers sum one payload at
+      a time, so they cannot count a coordinate's senders).
+  """
+  if mean not in MEANS:
+    raise ValueError(f"mean must be 'workers' or 'senders', got {mean!r}")
+  if mean == "senders" and chunk is None and value_bits == 32:
+    raise ValueError(
+      "mean='senders' is the tiled codec's: set chunk or value_bits < 32 "
+      "(got chunk=None, value_bits=32)"
+    )
+  if mean == "senders" and isinstance(axis_name, exchange.Pattern):
+    raise ValueError(
+      f"mean='senders' needs the workers' payloads gathered, got the pattern "
+      f"{axis_name!r}"
+    )
+  return mean
 
 
 def checked_arguments(ratio, error_feedback, chunk, value_bits, ef_decay):
@@ -271,22 +339,26 @@ def checked_arguments(ratio, error_feedback, chunk, value_bits, ef_decay):
   return ratio, chunk, value_bits, ef_decay
 
 
-def _build(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay):
+def _build(
+  ratio, axis_name, error_feedback, chunk, value_bits, ef_decay, mean="workers"
+):
   """Validates the arguments and builds the transformation."""
   ratio, chunk, value_bits, ef_decay = checked_arguments(
     ratio, error_feedback, chunk, value_bits, ef_decay
   )
   return leafwise(
-    topk_codec(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay)
+    topk_codec(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay, mean)
   )
 
 
-def topk_codec(ratio, axis_name, error_feedback, chunk, value_bits, ef_decay):
+def topk_codec(
+  ratio, axis_name, error_feedback, chunk, value_bits, ef_decay, mean="workers"
+):
   """Top-k's codec of one leaf (checked arguments), with its memory when asked."""
   if chunk is None and value_bits == 32:
     apply = _flat_apply(ratio, axis_name)
   else:
-    apply = _tiled_apply(ratio, axis_name, chunk, value_bits)
+    apply = _tiled_apply(ratio, axis_name, chunk, value_bits, mean)
   codec = LeafCodec(stateless_init, apply)
   return memory.maybe_error_feedback(codec, error_feedback, ef_decay)
 
@@ -417,13 +489,25 @@ def tiled_decode(payload, num: int, size: int, k: int, value_bits: int):
   return flat.reshape(-1), got.reshape(-1)
 
 
-def tiled_dense(flat, got, n: int, shape, chunk, num: int, size: int) -> jax.Array:
-  """The leaf's dense sum of decoded ``(flat, got)`` pairs, each divided by ``n``."""
+def tiled_dense(
+  flat, got, n: int, shape, chunk, num: int, size: int, mean: str = "workers"
+) -> jax.Array:
+  """The leaf's dense sum of decoded ``(flat, got)`` pairs, each divided by ``n``.
+
+  ``mean="senders"``: each divided by the number of pairs at its position
+  instead (the workers that sent it; a worker's positions are distinct).
+  Dividing before adding keeps the sum of finite values finite either way.
+  """
   zeros = jnp.zeros((num * size,), jnp.float32)
+  if mean == "senders":
+    senders = zeros.at[flat].add(1.0)
+    return tiles.from_tiles(zeros.at[flat].add(got / senders[flat]), shape, chunk)
   return tiles.from_tiles(zeros.at[flat].add(got * (1.0 / n)), shape, chunk)
 
 
-def tiled_mean(payload, shape, chunk, num, size, k, value_bits, axis_name):
+def tiled_mean(
+  payload, shape, chunk, num, size, k, value_bits, axis_name, mean="workers"
+):
   """The leaf's mean over workers of their tiled payloads (gathered, decoded)."""
 
   def decode(*p):
@@ -438,10 +522,12 @@ def tiled_mean(payload, shape, chunk, num, size, k, value_bits, axis_name):
   n = exchange.num_workers(axis_name)
   gathered = exchange.all_gather(payload, axis_name)
   flat, got = jax.vmap(decode)(*gathered)
-  return tiled_dense(flat.reshape(-1), got.reshape(-1), n, shape, chunk, num, size)
+  return tiled_dense(
+    flat.reshape(-1), got.reshape(-1), n, shape, chunk, num, size, mean
+  )
 
 
-def _tiled_apply(ratio, axis_name, chunk, value_bits):
+def _tiled_apply(ratio, axis_name, chunk, value_bits, mean="workers"):
   """The chunked codec: per tile, the top k, positions and values packed."""
 
   def apply(x, state, key, step):
@@ -456,9 +542,9 @@ def _tiled_apply(ratio, axis_name, chunk, value_bits):
     else:
       _, positions = jax.lax.top_k(jnp.abs(t), k)
     payload, sent = tiled_payload(t, positions, value_bits)
-    mean = tiled_mean(payload, shape, chunk, num, size, k, value_bits, axis_name)
+    out = tiled_mean(payload, shape, chunk, num, size, k, value_bits, axis_name, mean)
     rows = jnp.arange(num)[:, None]
     remainder = tiles.from_tiles(t.at[rows, positions].add(-sent), shape, chunk)
-    return mean, remainder, state
+    return out, remainder, state
 
   return apply

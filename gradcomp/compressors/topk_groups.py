@@ -40,6 +40,7 @@ from gradcomp.compressors import selection_groups as groups
 from gradcomp.compressors.base import CompressorState
 from gradcomp.compressors.memory import ErrorFeedbackState
 from gradcomp.compressors.topk import (
+  check_mean,
   checked_arguments,
   tiled_decode,
   tiled_dense,
@@ -111,7 +112,7 @@ def _from_bytes(b: jax.Array, like) -> jax.Array:
 
 
 def _tiled_group(
-  leaves, state, ratio, chunk, value_bits, decay, error_feedback, axis_name
+  leaves, state, ratio, chunk, value_bits, decay, error_feedback, axis_name, mean
 ):
   """One step of a group, each leaf tiled on its own: ``(outputs, new state)``."""
   layout = groups.layout_of(leaves)
@@ -156,7 +157,7 @@ def _tiled_group(
         )
       )(*got)
       where, values = (x.reshape(-1) for x in pairs)
-      out[j] = tiled_dense(where, values, n, layout.shapes[j], chunk, num, size)
+      out[j] = tiled_dense(where, values, n, layout.shapes[j], chunk, num, size, mean)
     return out
 
   if isinstance(axis_name, exchange.Pattern):  # decoded by each receiver
@@ -191,6 +192,7 @@ def topk_per_leaf(
   value_bits: int = 32,
   ef_decay: float = 1.0,
   per_leaf: bool = True,
+  mean: str = "workers",
 ) -> optax.GradientTransformation:
   """``topk(ratio, ...)`` on a tuple of groups of leaves, each leaf its own k.
 
@@ -215,6 +217,7 @@ def topk_per_leaf(
     value_bits: ``topk``'s bits per sent value (32: float32).
     ef_decay: the memory's decay in [0, 1].
     per_leaf: recorded by ``topk``; the form is per leaf whatever its value.
+    mean: ``topk``'s ``"workers"`` or ``"senders"`` (tiled codecs only).
 
   Returns:
     An ``optax.GradientTransformation`` over a tuple of groups of leaves,
@@ -246,6 +249,7 @@ def topk_per_leaf(
   ratio, chunk, value_bits, decay = checked_arguments(
     ratio, error_feedback, chunk, value_bits, ef_decay
   )
+  mean = check_mean(mean, axis_name, chunk, value_bits)
   tiled = chunk is not None or value_bits != 32
 
   def init_fn(params):
@@ -262,7 +266,7 @@ def topk_per_leaf(
       count=jnp.zeros([], jnp.int32), key=key, leaves=tuple(states)
     )
 
-  codec = topk_codec(ratio, axis_name, error_feedback, chunk, value_bits, decay)
+  codec = topk_codec(ratio, axis_name, error_feedback, chunk, value_bits, decay, mean)
 
   def update_fn(updates, state, params=None):
     del params
@@ -274,7 +278,7 @@ def topk_per_leaf(
         return groups.alone(codec, group[0], s, key_j, state.count)
       if tiled:
         return _tiled_group(
-          group, s, ratio, chunk, value_bits, decay, error_feedback, axis_name
+          group, s, ratio, chunk, value_bits, decay, error_feedback, axis_name, mean
         )
       return _flat_group(group, s, ratio, decay, error_feedback, axis_name)
 

@@ -46,12 +46,13 @@ def codec(
   value_bits: int = 2,
   ef_decay: float = 0.95,
   axis_name: exchange.AxisName = None,
+  mean: str = "workers",
 ):
   """The compressor a SparseLoCo round sends its pseudo-gradient through.
 
   ``gradcomp.topk(ratio(k, chunk), chunk=chunk, value_bits=value_bits,
-  ef_decay=ef_decay, axis_name=axis_name)``, for pricing a round apart from
-  the scheme (the training program does).
+  ef_decay=ef_decay, axis_name=axis_name, mean=mean)``, for pricing a round
+  apart from the scheme (the training program does).
   """
   return topk_lib.topk(
     ratio(k, chunk),
@@ -59,6 +60,7 @@ def codec(
     value_bits=value_bits,
     ef_decay=ef_decay,
     axis_name=axis_name,
+    mean=mean,
   )
 
 
@@ -72,6 +74,7 @@ def sparseloco(
   value_bits: int = 2,
   ef_decay: float = 0.95,
   axis_name: exchange.AxisName = None,
+  mean: str = "workers",
 ) -> optax.GradientTransformation:
   r"""SparseLoCo: local steps, then a sparse, quantised, error-fed outer SGD step.
 
@@ -120,9 +123,12 @@ def sparseloco(
   optimizer defaults to 0.999). The 8-bit codes of Templar's code are
   ``value_bits=8``.
 
-  **Readings.** The mean divides by all :math:`R` workers (Alg. 1), not by
-  the workers that sent a coordinate as Templar's ``scatter_reduce("mean")``
-  does; the memory adds the raw pseudo-gradient (Alg. 1; Templar's optimizer
+  **Readings.** The mean divides by all :math:`R` workers (Alg. 1);
+  ``mean="senders"`` divides each coordinate by the workers that sent it, as
+  Templar's ``scatter_reduce("mean", include_self=False)`` does (the same
+  wire: receivers count the senders from the positions). With 1-3 %
+  sent per worker, a coordinate few workers send arrives at ``s/R`` of its
+  senders' mean under Alg. 1 and whole under Templar's. The memory adds the raw pseudo-gradient (Alg. 1; Templar's optimizer
   adds ``lr * grad``, a constant factor top-k does not see); the per-tile
   statistics, decoding to bin centres and no mean shift are
   ``gradcomp.topk``'s (its docstring says why).
@@ -137,6 +143,8 @@ def sparseloco(
     value_bits: bits per sent value, an integer in [1, 8], or 32 (float32).
     ef_decay: the error feedback's decay :math:`\beta`, in [0, 1].
     axis_name: the mapped axis of the workers, or ``None`` for one worker.
+    mean: ``"workers"`` (Alg. 1: divide by :math:`R`) or ``"senders"``
+      (Templar's code: divide each coordinate by the workers that sent it).
 
   Returns:
     An ``optax.GradientTransformation`` with
@@ -179,10 +187,11 @@ def sparseloco(
   k = checks.at_least("k", k, 1, chunk * chunk)
   value_bits = topk_lib.check_value_bits(value_bits)
   ef_decay = memory.check_decay(ef_decay)
+  mean = topk_lib.check_mean(mean, axis_name, chunk, value_bits)
   return local_sgd(
     inner,
     every,
     outer=optax.sgd(outer_learning_rate),
-    compressor=codec(k, chunk, value_bits, ef_decay, axis_name),
+    compressor=codec(k, chunk, value_bits, ef_decay, axis_name, mean),
     axis_name=axis_name,
   )

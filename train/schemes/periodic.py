@@ -160,8 +160,8 @@ class SparseLoCo(_Rounds):
   with a plain-SGD outer step at ``outer_learning_rate``. Fields of
   ``config.scheme``: ``every`` (default 8, as ``local_sgd``'s), ``k`` and
   ``outer_learning_rate`` (required: the paper's densities span 1-3 %, and
-  its outer rate is tuned), ``chunk``, ``value_bits`` and ``ef_decay``
-  (unset: the factory's 64, 2 and 0.95). The scheme sends its own codec:
+  its outer rate is tuned), ``chunk``, ``value_bits``, ``ef_decay`` and
+  ``mean`` (unset: the factory's 64, 2, 0.95 and ``"workers"``). The scheme sends its own codec:
   ``config.compressor`` is set to ``none`` (with a warning if it named
   another) and ``config.fusion.plan`` to ``none`` (the codec tiles each leaf
   of the params' tree). A round is priced from its own compiled exchange,
@@ -174,7 +174,15 @@ class SparseLoCo(_Rounds):
   defaults = {"every": 8}
   required = {"k": 64, "outer_learning_rate": 1.0}
   #: ``config.scheme`` fields that are keywords of the factory.
-  FIELDS = ("every", "outer_learning_rate", "k", "chunk", "value_bits", "ef_decay")
+  FIELDS = (
+    "every",
+    "outer_learning_rate",
+    "k",
+    "chunk",
+    "value_bits",
+    "ef_decay",
+    "mean",
+  )
 
   @classmethod
   def resolve(cls, config):
