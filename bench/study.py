@@ -388,6 +388,20 @@ def _entries() -> tuple[Entry, ...]:
     ),
     Entry(
       Method(
+        "sparseloco_senders",
+        {**_SPARSELOCO, "mean": "senders"},
+        why="SparseLoCo at the paper's top-64 averaged as Templar's code averages "
+        "(scatter_reduce mean): each coordinate over the workers that sent it, "
+        "not over all 8 (Alg. 1); the same wire",
+      ),
+      periodic,
+      f"SparseLoCo every {EVERY}, mean over senders",
+      ADAMW_RATES,
+      SPARSELOCO_OUTER_RATES,
+      rate_note=f"inner: {_ADAMW_NOTE}; outer: around the paper's 1.0",
+    ),
+    Entry(
+      Method(
         f"sparseloco_k{DENSE_SPARSELOCO_K}_senders",
         {**_SPARSELOCO, "k": DENSE_SPARSELOCO_K, "mean": "senders"},
         why=f"SparseLoCo top-{DENSE_SPARSELOCO_K} averaged as Templar's code "
@@ -472,7 +486,7 @@ def run_count(labels: Sequence[str], seeds: int) -> int:
 
   Examples:
     >>> run_count(DEFAULT_METHODS, 3)
-    92
+    99
   """
   return sum(len(grid_points(ENTRIES[x])) + seeds - 1 for x in labels)
 
