@@ -413,8 +413,8 @@ def _bars(size: Mapping[str, Any]) -> list[str]:
       finals = [x["choice"]["final_bpb"] for x in pair]
       runs = [study.chosen_run(x) for x in pair]
       what = (
-        f"- Periodic, seed 0 only (the seeds have not run): {m['title']}'s grid "
-        "ends at best"
+        "- Periodic, seed 0 only (the seeds have not run): the grid of "
+        f"{m['title']} ends at best"
       )
     else:
       continue
