@@ -419,10 +419,16 @@ def _bars(size: Mapping[str, Any]) -> list[str]:
     else:
       continue
     rounds = [sum(r["sim_inputs"]["round_wire"].values()) for r in runs]
+    fewer = rounds[1] / rounds[0]
+    met = finals[0] <= finals[1] and fewer >= 30  # False for a NaN mean
+    gap = finals[0] / finals[1] - 1
+    verdict = ("met" if met else "not met") + (
+      f", {gap * 100:+.1f} %" if math.isfinite(gap) else ""
+    )
     lines.append(
       f"{what} at {_num(finals[0])} against DiLoCo's {_num(finals[1])} at the "
-      f"same interval, with {rounds[1] / rounds[0]:.3g}x fewer bytes per round "
-      f"({rounds[0]:,} against {rounds[1]:,}; bar: at or below, 30x)."
+      f"same interval, with {fewer:.3g}x fewer bytes per round "
+      f"({rounds[0]:,} against {rounds[1]:,}; bar: at or below, 30x): {verdict}."
     )
   return lines
 

@@ -455,6 +455,23 @@ def test_every_sparseloco_variant_is_read_against_the_periodic_bar(result):
   ]
 
 
+def test_the_periodic_verdict_follows_the_means(result):
+  """At or below DiLoCo's mean at 30x fewer bytes per round: met; above: not."""
+  case = json.loads(json.dumps(result))
+  methods = case["sizes"]["8"]["methods"]
+  diloco = methods["diloco"]["summary"]["final_bpb"]["mean"]
+  for offset, verdict in (
+    (-0.01, ": met, -"),
+    (0.0, ": met, +0.0 %"),
+    (0.01, ": not met, +"),
+  ):
+    methods["sparseloco"]["summary"]["final_bpb"]["mean"] = diloco + offset
+    line = next(
+      x for x in study_page.render(case).splitlines() if x.startswith("- Periodic: ")
+    )
+    assert verdict in line, (offset, line)
+
+
 def test_the_committed_page_is_the_placeholder_or_a_rendered_study():
   text = PAGE.read_text()
   if study_page.GENERATED in text:  # The study ran: the page is its numbers'.
