@@ -386,34 +386,28 @@ def _entries() -> tuple[Entry, ...]:
       OUTER_RATES,
       rate_note="inner: around Muon's usual 0.02; outer: around DiLoCo's 0.7",
     ),
-    Entry(
-      Method(
-        "sparseloco_senders",
-        {**_SPARSELOCO, "mean": "senders"},
-        why="SparseLoCo at the paper's top-64 averaged as Templar's code averages "
-        "(scatter_reduce mean): each coordinate over the workers that sent it, "
-        "not over all 8 (Alg. 1); the same wire",
-      ),
-      periodic,
-      f"SparseLoCo every {EVERY}, mean over senders",
-      ADAMW_RATES,
-      SPARSELOCO_OUTER_RATES,
-      rate_note=f"inner: {_ADAMW_NOTE}; outer: around the paper's 1.0",
+    _senders_entry(_SPARSELOCO["k"], periodic),
+    _senders_entry(DENSE_SPARSELOCO_K, periodic),
+  )
+
+
+def _senders_entry(k: int, family: str) -> Entry:
+  """SparseLoCo at top-``k`` per tile with Templar's mean over senders."""
+  paper = k == _SPARSELOCO["k"]
+  which = "at the paper's " if paper else ""
+  return Entry(
+    Method(
+      "sparseloco_senders" if paper else f"sparseloco_k{k}_senders",
+      {**_SPARSELOCO, "k": k, "mean": "senders"},
+      why=f"SparseLoCo {which}top-{k} averaged as Templar's code averages "
+      "(scatter_reduce mean): each coordinate over the workers that sent it, "
+      "not over all 8 (Alg. 1); the same wire",
     ),
-    Entry(
-      Method(
-        f"sparseloco_k{DENSE_SPARSELOCO_K}_senders",
-        {**_SPARSELOCO, "k": DENSE_SPARSELOCO_K, "mean": "senders"},
-        why=f"SparseLoCo top-{DENSE_SPARSELOCO_K} averaged as Templar's code "
-        "averages (scatter_reduce mean): each coordinate over the workers that "
-        "sent it, not over all 8 (Alg. 1); the same wire",
-      ),
-      periodic,
-      f"SparseLoCo every {EVERY}, top-{DENSE_SPARSELOCO_K}, mean over senders",
-      ADAMW_RATES,
-      SPARSELOCO_OUTER_RATES,
-      rate_note=f"inner: {_ADAMW_NOTE}; outer: around the paper's 1.0",
-    ),
+    family,
+    f"SparseLoCo every {EVERY}{'' if paper else f', top-{k}'}, mean over senders",
+    ADAMW_RATES,
+    SPARSELOCO_OUTER_RATES,
+    rate_note=f"inner: {_ADAMW_NOTE}; outer: around the paper's 1.0",
   )
 
 

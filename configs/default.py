@@ -110,7 +110,8 @@ def scheme(name: str, **kwargs) -> ml_collections.ConfigDict:
   (equal fragments that may cut leaves). ``sparseloco`` (Sarfi et al.
   2025) takes ``every``, ``outer_learning_rate``, ``k`` (values kept per
   ``chunk`` x ``chunk`` tile), ``chunk``, ``value_bits``, ``ef_decay`` and
-  ``mean`` (``workers`` or Templar's ``senders``), and sends its own codec (``config.compressor`` is set to ``none``).
+  ``mean`` (``workers`` or Templar's ``senders``), and sends its own codec
+  (``config.compressor`` is set to ``none``).
   ``easgd`` takes
   ``alpha`` and ``every``. ``cdsgd`` (paper 001) takes
   ``local_learning_rate``, ``k``, ``warmup_steps``, ``message_scale`` and

@@ -190,10 +190,9 @@ def topk(
     2025, arXiv 2508.15706, §3 and Alg. 1; Templar,
     https://github.com/tplr-ai/templar (``src/tplr/compress/topk.py``).
   """
+  if per_leaf is not True and per_leaf is not False:
+    raise ValueError(f"per_leaf must be True or False, got {per_leaf!r}")
   if mean != "workers":  # recorded with ``mean``; the default's label is today's
-    check_mean(mean, axis_name, chunk, value_bits)
-    if per_leaf not in (True, False):
-      raise ValueError(f"per_leaf must be True or False, got {per_leaf!r}")
     return _sender_mean_topk(
       ratio,
       axis_name=axis_name,
@@ -204,9 +203,7 @@ def topk(
       per_leaf=per_leaf,
       mean=mean,
     )
-  if per_leaf is not False:
-    if per_leaf is not True:
-      raise ValueError(f"per_leaf must be True or False, got {per_leaf!r}")
+  if per_leaf:
     return _per_leaf_topk(
       ratio,
       axis_name=axis_name,

@@ -126,10 +126,11 @@ def sparseloco(
   **Readings.** The mean divides by all :math:`R` workers (Alg. 1);
   ``mean="senders"`` divides each coordinate by the workers that sent it, as
   Templar's ``scatter_reduce("mean", include_self=False)`` does (the same
-  wire: receivers count the senders from the positions). With 1-3 %
-  sent per worker, a coordinate few workers send arrives at ``s/R`` of its
-  senders' mean under Alg. 1 and whole under Templar's. The memory adds the raw pseudo-gradient (Alg. 1; Templar's optimizer
-  adds ``lr * grad``, a constant factor top-k does not see); the per-tile
+  wire: receivers count the senders from the positions). With 1-3 % sent
+  per worker, a coordinate few workers send arrives at ``s/R`` of its
+  senders' mean under Alg. 1 and whole under Templar's. The memory adds the
+  raw pseudo-gradient (Alg. 1; Templar's optimizer adds ``lr * grad``, a
+  constant factor top-k does not see); the per-tile
   statistics, decoding to bin centres and no mean shift are
   ``gradcomp.topk``'s (its docstring says why).
 
