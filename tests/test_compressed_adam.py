@@ -282,6 +282,10 @@ def test_the_compiled_step_sends_dense_then_the_codecs_payload(mesh):
       r"codec must average over axis_name 'data'.*\('other',\)",
     ),
     ({"codec": gradcomp.topk(0.1)}, "axis_name 'data'.*no axis"),
+    (
+      {"warmup_codec": gradcomp.int_quantize(8)},
+      "warmup_codec must average over axis_name 'data'.*no axis",
+    ),
   ],
 )
 def test_bad_hyperparameters_are_named(kwargs, message):

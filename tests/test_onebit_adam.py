@@ -19,6 +19,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import gradcomp
 from gradcomp.compressors import scatter
 from gradcomp.optimizers.onebit_adam import onebit_adam
 from gradcomp.parallel.wire import collective_bytes
@@ -63,8 +64,12 @@ def np_onebit_allreduce(x, worker_error, server_error):
   return mean[:d], new_worker_error, new_server_error
 
 
-def np_onebit_adam(params, grads, *, lr, freeze, b1, b2, eps, wd):
-  """Alg. 1 with the module's readings. ``grads``: (steps, n, d); params (d,)."""
+def np_onebit_adam(params, grads, *, lr, freeze, b1, b2, eps, wd, warmup_means=None):
+  """Alg. 1 with the module's readings. ``grads``: (steps, n, d); params (d,).
+
+  ``warmup_means``: (freeze, d), the mean AdamW takes at each warm-up step
+  (a warm-up codec's); ``None``: the workers' exact mean.
+  """
   steps, n, d = grads.shape
   p = params.astype(float).copy()
   m, v = np.zeros(d), np.zeros(d)
@@ -72,7 +77,7 @@ def np_onebit_adam(params, grads, *, lr, freeze, b1, b2, eps, wd):
   for t in range(1, steps + 1):
     g = grads[t - 1].astype(float)
     if t <= freeze:
-      gbar = g.mean(axis=0)
+      gbar = g.mean(axis=0) if warmup_means is None else warmup_means[t - 1]
       m = b1 * m + (1 - b1) * gbar
       v = b2 * v + (1 - b2) * gbar**2
       step = (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
@@ -191,7 +196,7 @@ def test_the_exchange_matches_numpy_and_conserves_mass(mesh):
 HYPER = {"lr": 0.01, "freeze": 2, "b1": 0.9, "b2": 0.999, "eps": 1e-8, "wd": 0.01}
 
 
-def onebit(**overrides):
+def onebit(warmup_codec=None, **overrides):
   h = {**HYPER, **overrides}
   return onebit_adam(
     h["lr"],
@@ -201,6 +206,7 @@ def onebit(**overrides):
     eps=h["eps"],
     weight_decay=h["wd"],
     axis_name=AXIS,
+    warmup_codec=warmup_codec,
   )
 
 
@@ -224,6 +230,71 @@ def test_onebit_adam_matches_the_papers_algorithm(mesh):
   np.testing.assert_allclose(np.asarray(state.server_error), want_se, atol=1e-5)
   # Every worker holds the same momentum after the exchange.
   assert all(np.array_equal(scaled.mu["w"][0], scaled.mu["w"][i]) for i in range(N))
+
+
+def codec_means(mesh, codec, grads):
+  """The mean ``codec`` returns at each step of ``grads`` ((steps, N, ...) leaves)."""
+
+  def body(grads, state):
+    grads = jax.tree.map(lambda g: g[:, 0], grads)
+
+    def step(s, g):
+      mean, s = codec.update(g, s)
+      return s, mean
+
+    _, means = lax.scan(step, drop_worker_axis(state), grads)
+    return add_worker_axis(means)
+
+  like = jax.tree.map(lambda g: jnp.zeros(g.shape[2:], jnp.float32), grads)
+  state = add_worker_axis(codec.init(like), N)
+  f = jax.jit(
+    jax.shard_map(body, mesh=mesh, in_specs=(P(None, AXIS), P(AXIS)), out_specs=P(AXIS))
+  )
+  means = f(put(mesh, grads, P(None, AXIS)), put(mesh, state, P(AXIS)))
+  return jax.tree.map(lambda x: np.asarray(x)[0], means)  # Worker 0's.
+
+
+def test_a_warmup_codec_feeds_adamw_its_means(mesh):
+  """The warm-up's AdamW steps on the codec's means; the 1-bit phase is Alg. 1's."""
+  rng = np.random.default_rng(5)
+  steps, d, freeze = 6, 22, 3
+  flat_params = rng.normal(size=d).astype(np.float32)
+  flat_grads = rng.normal(size=(steps, N, d)).astype(np.float32)
+  grads = split(flat_grads, SHAPES)
+  # Blocks of 2 within chunks of 6 values: int4 rounds visibly.
+  codec = gradcomp.int_quantize(4, 2, exchange="scatter", axis_name=AXIS)
+  means = codec_means(mesh, codec, jax.tree.map(lambda g: g[:freeze], grads))
+  warm = np.concatenate([means[k].reshape(freeze, -1) for k in SHAPES], axis=1)
+  # The codec's means are not the exact ones (else this test could not fail).
+  assert np.abs(warm - flat_grads[:freeze].mean(axis=1)).max() > 1e-3
+  params, state = run_sharded(
+    mesh, onebit(codec, freeze=freeze), split(flat_params, SHAPES), grads
+  )
+  want_p, want_m, want_we, want_se = np_onebit_adam(
+    flat_params, flat_grads, **{**HYPER, "freeze": freeze}, warmup_means=warm
+  )
+  got_p = np.concatenate([np.ravel(params[k]) for k in SHAPES])
+  # The tolerances of the dense warm-up's test: the codec's means enter both
+  # sides as the same float32 values.
+  np.testing.assert_allclose(got_p, want_p, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(state.worker_error[0]), want_we[0], atol=1e-5)
+  np.testing.assert_allclose(np.asarray(state.server_error[0]), want_se[0], atol=1e-5)
+  # The codec's residuals stay as the warm-up left them: non-zero.
+  residuals = jax.tree.leaves(state.warmup)
+  assert any(np.any(np.asarray(r)) for r in residuals)
+
+
+def test_a_warmup_codec_over_another_axis_is_named():
+  with pytest.raises(
+    ValueError, match="warmup_codec must average over axis_name 'data'"
+  ):
+    onebit_adam(
+      0.1, freeze_step=2, axis_name=AXIS, warmup_codec=gradcomp.int_quantize(8)
+    )
+  with pytest.raises(
+    ValueError, match="warmup_codec must be an optax.GradientTransformation"
+  ):
+    onebit_adam(0.1, freeze_step=2, warmup_codec=lambda g: g)
 
 
 def test_a_run_that_never_leaves_the_warmup_is_adamw():

@@ -1,13 +1,13 @@
 """1-bit Adam, 0/1 Adam and DeMo through the training program, on the tiny digits MLP.
 
-``--config.optimizer.name=onebit_adam | zero_one_adam | demo`` trains with the optimizer
-alone on each worker's gradient. Checked: the bytes per step are the
-phases' closed form (1-bit Adam: dense through the warm-up, then its 1-bit
-exchange; 0/1 Adam: dense, 1-bit or nothing by its schedule; DeMo: its
-top-k payload every step), a run stopped in the
-compressed phase and resumed ends bit for bit where the whole run ends
-(both error buffers are in the checkpoint), and a config the optimizers
-cannot run is a one-line error. Digits, not gpt_tiny: the program's paths
+``--config.optimizer.name=onebit_adam | zero_one_adam | demo`` trains with
+the optimizer alone on each worker's gradient. Checked: the bytes per step
+are the phases' closed form (1-bit Adam: dense, or int4 codes with
+``warmup_bits``, through the warm-up, then its 1-bit exchange; 0/1 Adam:
+dense, 1-bit or nothing by its schedule; DeMo: its top-k payload every
+step), a run stopped in the warm-up or the compressed phase and resumed
+ends bit for bit where the whole run ends (the error buffers are in the
+checkpoint), and a config the optimizers cannot run is a one-line error. Digits, not gpt_tiny: the program's paths
 are the same, the compiles far shorter (suite time).
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from configs import default
-from gradcomp.compressors import scatter
+from gradcomp.compressors import intq, scatter
 from gradcomp.optimizers import demo as demo_lib
 from train import logs, train
 
@@ -97,6 +97,38 @@ def test_onebit_adam_resumes_its_errors_bit_for_bit(onebit_run, tmp_path):
   assert np.any(np.asarray(errors))
 
 
+# A warm-up through int4 codes, long enough that the resume below starts in it.
+WARM_FREEZE = 8
+QUANTIZED = {**ONEBIT, "optimizer.freeze_step": WARM_FREEZE, "optimizer.warmup_bits": 4}
+
+
+def test_a_quantized_warmup_is_priced_by_its_codec_and_resumes_bit_for_bit(tmp_path):
+  whole_dir, part_dir = tmp_path / "whole", tmp_path / "resumed"
+  whole = train.train_and_evaluate(tiny(**QUANTIZED), whole_dir)
+  sim = json.loads((whole_dir / train.SIM_FILE).read_text())
+  d = sum(np.size(x) for x in jax.tree.leaves(whole.state["params"]))
+  # int_quantize's reduce-scatter of one fused buffer: each of the 8 chunks
+  # of ceil(d / 8) values as int4 codes and a scale per block of 512, to its
+  # owner (all-to-all); the owner's requantized chunk to all (all-gather).
+  row = intq.row_bytes(-(-d // 8), 4, 512)
+  assert sim["phase_wire"]["warmup"] == {"all-to-all": 8 * row, "all-gather": row}
+  assert sim["phases"] == {"warmup": WARM_FREEZE, "onebit": STEPS - WARM_FREEZE}
+  onebit = scatter.onebit_payload_bytes(d, 8)
+  rounds = (WARM_FREEZE * 9 * row + (STEPS - WARM_FREEZE) * onebit) / STEPS
+  assert 0 < every_step_bytes(sim, rounds) < 64
+  assert np.isfinite(whole.eval_metrics["eval_loss"])
+  # Preempted at step 6, inside the warm-up: the codec's residuals resume.
+  assert harness.preempted_copy(whole_dir, part_dir) == STEPS // 2
+  resumed = train.train_and_evaluate(tiny(**QUANTIZED), part_dir)
+  harness.assert_resumed_after(part_dir, STEPS // 2)
+  for part in ("params", "opt_state"):
+    got, want = resumed.state[part], whole.state[part]
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  warm = whole.state["opt_state"].inner_state[-1].warmup
+  assert any(np.any(np.asarray(x)) for x in jax.tree.leaves(warm))
+
+
 def test_demo_sends_its_payload_every_step(tmp_path):
   result = train.train_and_evaluate(
     tiny(**{"optimizer.name": "demo", "optimizer.topk": 8}), tmp_path
@@ -148,6 +180,14 @@ def test_zero_one_adam_skips_rounds_and_its_bytes_show_it(tmp_path):
     (
       {"optimizer.name": "onebit_adam"},
       "needs config.optimizer.freeze_step.*--config.optimizer.freeze_step=",
+    ),
+    (
+      {**ONEBIT, "optimizer.warmup_bits": 2},
+      r"warmup_bits must be one of \(4, 8\) .*got 2",
+    ),
+    (
+      {"optimizer.name": "adamw", "optimizer.warmup_bits": 8},
+      "warmup_bits is the warm-up of onebit_adam and compressed_adam, not of adamw",
     ),
   ],
 )

@@ -340,6 +340,11 @@ SELF_EXCHANGING = ("onebit_adam", "zero_one_adam", "demo", "compressed_adam")
 #: Self-exchanging optimizers whose exchange is ``config.compressor``'s codec
 #: (inside LayerFusion with ``config.fusion``'s plan).
 CODEC_OPTIMIZERS = ("compressed_adam",)
+#: Self-exchanging optimizers with a warm-up then a frozen variance
+#: (``config.optimizer.freeze_step``; their warm-up's ``warmup_bits``).
+FROZEN_VARIANCE = ("onebit_adam", "compressed_adam")
+#: ``config.optimizer.warmup_bits``: the int_quantize codes a warm-up may send.
+WARMUP_BITS = (4, 8)
 #: 0/1 Adam's schedule fields of ``config.optimizer`` (unset: DeepSpeed's).
 _ZERO_ONE_FIELDS = (
   "var_freeze_step",
@@ -565,7 +570,8 @@ def check_self_exchanging(config, scheme) -> None:
   no sufficient factors, and its required fields set. Also checks
   ``config.compressor.warmup_steps`` (:func:`check_warmup`),
   ``config.optimizer.clip_scope`` (:func:`check_clip_scope`),
-  ``config.optimizer.mask_decay`` (:func:`decay_mask_of`) and Muon's mesh.
+  ``config.optimizer.mask_decay`` (:func:`decay_mask_of`), Muon's mesh and
+  ``config.optimizer.warmup_bits`` (a frozen-variance optimizer's only).
   """
   check_warmup(config, scheme.name)
   check_clip_scope(config, scheme)
@@ -580,6 +586,17 @@ def check_self_exchanging(config, scheme) -> None:
         "config.optimizer.name=muon orthogonalises whole matrices: not on an "
         f"FSDP mesh (config.mesh={config.mesh!r}), whose optimizer sees shards"
       )
+  bits = cfg.get("warmup_bits")
+  if bits is not None and cfg.get("name") not in FROZEN_VARIANCE:
+    raise ValueError(
+      f"config.optimizer.warmup_bits is the warm-up of {' and '.join(FROZEN_VARIANCE)}"
+      f", not of {cfg.get('name')}: unset it"
+    )
+  if bits is not None and (isinstance(bits, bool) or bits not in WARMUP_BITS):
+    raise ValueError(
+      f"config.optimizer.warmup_bits must be one of {WARMUP_BITS} (unset: the "
+      f"dense all-reduce), got {bits!r}"
+    )
   if not exchanges_itself(cfg):
     return
   name = cfg.name
@@ -647,17 +664,33 @@ def self_exchanging(
   }
   if cfg.name == "zero_one_adam":
     parts.append(gradcomp.zero_one_adam(lr, **_zero_one_schedule(cfg), **adam))
-  elif cfg.name == "compressed_adam":
+    return parts
+  frozen = {
+    "freeze_step": int(cfg.freeze_step),
+    "warmup_codec": warmup_codec(cfg, axis_name),
+  }
+  if cfg.name == "compressed_adam":
     if codec is None:
       raise ValueError("config.optimizer.name=compressed_adam needs its codec")
-    parts.append(
-      compressed_adam_lib.compressed_adam(
-        lr, codec, freeze_step=int(cfg.freeze_step), **adam
-      )
-    )
+    parts.append(compressed_adam_lib.compressed_adam(lr, codec, **frozen, **adam))
   else:
-    parts.append(gradcomp.onebit_adam(lr, freeze_step=int(cfg.freeze_step), **adam))
+    parts.append(gradcomp.onebit_adam(lr, **frozen, **adam))
   return parts
+
+
+def warmup_codec(cfg, axis_name) -> optax.GradientTransformation | None:
+  """The frozen-variance optimizers' warm-up exchange; ``None``: the dense all-reduce.
+
+  ``config.optimizer.warmup_bits``: ``gradcomp.int_quantize(bits,
+  exchange="scatter")`` (ZeRO++'s quantized reduce-scatter with LoCo's error
+  feedback at each hop) on every leaf fused into one buffer, as 1-bit Adam's
+  own exchange flattens the momentum.
+  """
+  bits = cfg.get("warmup_bits")
+  if bits is None:
+    return None
+  inner = gradcomp.int_quantize(int(bits), exchange="scatter", axis_name=axis_name)
+  return gradcomp.layerfusion(inner, "single")
 
 
 def momentum_codec(
@@ -683,22 +716,29 @@ def exchange_phases(config, num_steps: int):
   :func:`self_exchange_rounds` for 1-bit and 0/1 Adam; for
   ``compressed_adam`` and for ``config.compressor.warmup_steps``,
   ``"dense"`` (the float32 all-reduce) through the warm-up and
-  ``"compressed"`` (the codec's exchange) after it. ``None`` when every
-  step sends the same.
+  ``"compressed"`` (the codec's exchange) after it. A frozen-variance
+  optimizer's warm-up with ``warmup_bits`` is ``"warmup"`` (its codec's
+  exchange, :func:`warmup_codec`). ``None`` when every step sends the same.
   """
   cfg = config.optimizer
   phases = self_exchange_rounds(cfg, num_steps)
   if phases is not None:
     return phases
+  warm = "dense"
   if exchanges_itself(cfg) and cfg.name in CODEC_OPTIMIZERS:
-    dense = int(cfg.freeze_step)
+    dense, warm = int(cfg.freeze_step), _warmup_kind(cfg)
   elif not exchanges_itself(cfg) and warmup_steps(config):
     dense = warmup_steps(config)
   else:
     return None
   dense = min(dense, num_steps)
-  kinds = ["dense"] * dense + ["compressed"] * (num_steps - dense)
-  return kinds, {"dense": 1, "compressed": 1}
+  kinds = [warm] * dense + ["compressed"] * (num_steps - dense)
+  return kinds, {warm: 1, "compressed": 1}
+
+
+def _warmup_kind(cfg) -> str:
+  """A frozen-variance optimizer's warm-up steps: ``"dense"`` or ``"warmup"`` (its codec)."""
+  return "dense" if cfg.get("warmup_bits") is None else "warmup"
 
 
 def _zero_one_schedule(cfg) -> dict[str, int]:
@@ -710,7 +750,8 @@ def self_exchange_rounds(cfg, num_steps: int):
   """What each step of a self-exchanging optimizer sends, for pricing.
 
   Returns ``(kinds, copies)``: ``kinds[t - 1]`` is ``"dense"`` (an
-  all-reduce of the float32 gradient), ``"onebit"`` (the two-stage 1-bit
+  all-reduce of the float32 gradient), ``"warmup"`` (1-bit Adam's warm-up
+  through :func:`warmup_codec`), ``"onebit"`` (the two-stage 1-bit
   all-reduce) or ``"none"`` for steps ``1 .. num_steps``; ``copies`` how
   many times each kind's collectives appear in the compiled step (once per
   branch that runs them). ``None`` for an optimizer whose every step sends
@@ -718,8 +759,9 @@ def self_exchange_rounds(cfg, num_steps: int):
   """
   if cfg.name == "onebit_adam":
     freeze = min(int(cfg.freeze_step), num_steps)
-    kinds = ["dense"] * freeze + ["onebit"] * (num_steps - freeze)
-    return kinds, {"dense": 1, "onebit": 1}
+    warm = _warmup_kind(cfg)
+    kinds = [warm] * freeze + ["onebit"] * (num_steps - freeze)
+    return kinds, {warm: 1, "onebit": 1}
   if cfg.name == "zero_one_adam":
     kinds = zero_one_adam_lib.exchange_schedule(num_steps, **_zero_one_schedule(cfg))
     # The 1-bit exchange runs in two branches: between variance steps, and

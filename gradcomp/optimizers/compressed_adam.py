@@ -31,7 +31,8 @@ with a reduce-scatter form (``exchange="scatter"``) also keeps the server
 error of Alg. 1 (each chunk's owner re-compresses the average and keeps
 what that lost); an all-gathered or all-reduced payload has no second
 compression, so no server error. Its state starts at the freeze: the
-warm-up's exchange is dense and leaves it as ``codec.init`` made it.
+warm-up's exchange is dense (or ``warmup_codec``'s) and leaves it as
+``codec.init`` made it.
 
 The readings are :func:`gradcomp.onebit_adam`'s (shared code,
 :mod:`gradcomp.optimizers.frozen_variance`): bias correction of the
@@ -64,11 +65,13 @@ class CompressedAdamState(NamedTuple):
   Attributes:
     adam: ``optax.adamw``'s state (its ``ScaleByAdamState`` holds the
       count, the momentum and the variance, frozen after the warm-up).
+    warmup: ``warmup_codec``'s state, ``()`` with the dense warm-up.
     codec: the codec's state (per worker: its error-feedback residuals),
       as ``codec.init`` made it until the freeze.
   """
 
   adam: Any
+  warmup: Any
   codec: Any
 
 
@@ -99,6 +102,7 @@ def compressed_adam(
   weight_decay: float = 0.0,
   mask=None,
   axis_name: exchange.AxisName = None,
+  warmup_codec: optax.GradientTransformation | None = None,
 ) -> optax.GradientTransformation:
   """Compressed-momentum Adam (module docstring): AdamW, then the momentum through ``codec``.
 
@@ -117,6 +121,9 @@ def compressed_adam(
     mask: ``optax.adamw``'s weight-decay mask (a tree of bools, or a
       function of the params).
     axis_name: the workers' mesh axis, or ``None`` on one device.
+    warmup_codec: ``None`` (a dense float32 all-reduce through the warm-up)
+      or a gradcomp compressor over ``axis_name`` whose mean of the
+      gradients the warm-up's AdamW takes, as :func:`gradcomp.onebit_adam`'s.
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update(grads, state,
@@ -153,6 +160,8 @@ def compressed_adam(
     learning_rate, b1, b2, eps, weight_decay, freeze_step=freeze_step
   )
   warmup.check_compressor(codec, axis_name, "codec")
+  if warmup_codec is not None:
+    warmup.check_compressor(warmup_codec, axis_name, "warmup_codec")
   tx = frozen_variance.frozen_variance_adam(
     learning_rate,
     codec_exchange(codec),
@@ -165,6 +174,7 @@ def compressed_adam(
     weight_decay=weight_decay,
     mask=mask,
     axis_name=axis_name,
+    warmup_codec=warmup_codec,
   )
   # Its axes filed so hierarchical() can take it as its inner;
   # params that are shards of a partition across axis_name are refused.

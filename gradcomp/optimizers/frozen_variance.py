@@ -9,7 +9,9 @@ Communication Efficient Large-Scale Training with Adam's Convergence
 Speed", ICML 2021, Alg. 1.
 
 **Warm-up** (updates ``1 .. freeze_step``): ``optax.adamw`` on the dense
-mean gradient (its own chain, so a run that never leaves it equals it).
+mean gradient (its own chain, so a run that never leaves it equals it), or
+on the mean a ``warmup_codec`` returns (its state in the optimizer's
+``warmup`` field; what it still holds at the freeze is dropped).
 
 **Frozen-variance phase** (updates ``freeze_step + 1 ..``), Alg. 1 lines
 6-12: :math:`v` stays as it was after the warm-up; each worker updates the
@@ -108,6 +110,7 @@ def frozen_variance_adam(
   weight_decay: float,
   mask,
   axis_name: exchange.AxisName,
+  warmup_codec: optax.GradientTransformation | None = None,
 ) -> optax.GradientTransformation:
   """AdamW's warm-up, then the frozen-variance phase (module docstring).
 
@@ -115,10 +118,11 @@ def frozen_variance_adam(
     learning_rate: a float or an optax schedule of the update count.
     momentum_exchange: how the momenta meet after the freeze.
     state_type: the optimizer's state, a ``NamedTuple`` whose fields are
-      ``adam`` (``optax.adamw``'s state) and the exchange's.
+      ``adam`` (``optax.adamw``'s state), ``warmup`` (the warm-up codec's,
+      ``()`` without one) and the exchange's.
     name: the optimizer's name, for errors.
-    freeze_step, b1, b2, eps, weight_decay, mask, axis_name: as
-      :func:`gradcomp.onebit_adam`'s (validated by the caller).
+    freeze_step, b1, b2, eps, weight_decay, mask, axis_name, warmup_codec:
+      as :func:`gradcomp.onebit_adam`'s (validated by the caller).
 
   Returns:
     An ``optax.GradientTransformation`` (params required by ``update``).
@@ -133,12 +137,20 @@ def frozen_variance_adam(
   def init_fn(params):
     # Zeros like the params (their sharding kept; shapes alone will do).
     zeros = jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), params)
-    return state_type(adam=adamw.init(zeros), **momentum_exchange.init(zeros))
+    return state_type(
+      adam=adamw.init(zeros),
+      warmup=() if warmup_codec is None else warmup_codec.init(zeros),
+      **momentum_exchange.init(zeros),
+    )
 
   def warmup(grads, state, params):
-    mean = exchange.all_reduce_mean(grads, axis_name)
+    if warmup_codec is None:
+      mean, codec_state = exchange.all_reduce_mean(grads, axis_name), ()
+    else:
+      mean, codec_state = warmup_codec.update(grads, state.warmup)
+      mean = jax.tree.map(lambda m: jnp.asarray(m, jnp.float32), mean)
     updates, adam = adamw.update(mean, state.adam, params)
-    return updates, state._replace(adam=adam)
+    return updates, state._replace(adam=adam, warmup=codec_state)
 
   def compressed(grads, state, params):
     scaled, decayed, scheduled = state.adam

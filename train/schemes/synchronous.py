@@ -94,7 +94,6 @@ class Synchronous(Scheme):
     ``compressed_adam``'s codec on its float32 momentum, or the compressor
     (inside LayerFusion) on the gradient, traced alone on the mesh.
     """
-    n = self.mesh.size
     if self.config.optimizer.name in optimizer_lib.CODEC_OPTIMIZERS:
       inner = optimizer_lib.compressor(self.config.compressor, step_lib.AXIS)
       tx = inner if plan is None else gradcomp.layerfusion(inner, plan)
@@ -102,6 +101,18 @@ class Synchronous(Scheme):
     else:
       tx = optimizer_lib.round_exchange(self.config, step_lib.AXIS, plan)
       dtype = lambda x: x.dtype
+    return self._round(tx, params, dtype)
+
+  def _warmup_round(self, params) -> dict[str, int]:
+    """``{kind: bytes}`` of one warm-up exchange of a frozen-variance optimizer
+    through its codec (``config.optimizer.warmup_bits``), on float32 gradients."""
+    tx = optimizer_lib.warmup_codec(self.config.optimizer, step_lib.AXIS)
+    return self._round(tx, params, lambda x: np.float32)
+
+  def _round(self, tx, params, dtype) -> dict[str, int]:
+    """``{kind: bytes}`` of ``tx`` on ``params``'s tree (leaves of ``dtype``),
+    traced alone on the mesh."""
+    n = self.mesh.size
     per_worker = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct((n, *np.shape(x)), dtype(x)), params
     )
@@ -111,7 +122,7 @@ class Synchronous(Scheme):
   def _price_phases(self, plan, params, step_wire, num_steps, flops):
     """Rounds that change by phase, each priced by what it sends.
 
-    Dense, 1-bit, the codec's or nothing
+    Dense, the warm-up codec's, 1-bit, the codec's or nothing
     (:func:`train.pricing.self_exchange_rounds`,
     :func:`train.optimizer.exchange_phases`). The step's HLO holds every
     branch's collectives beside the every-step ones (metrics, the
@@ -125,12 +136,16 @@ class Synchronous(Scheme):
     rounds = pricing.self_exchange_rounds(d, n)
     if "compressed" in copies:
       rounds["compressed"] = self._compressed_round(plan, params)
+    if "warmup" in copies:
+      rounds["warmup"] = self._warmup_round(params)
     for kind, sent in rounds["onebit"].items():
-      if "onebit" in copies and step_wire.get(kind, 0) != copies["onebit"] * sent:
+      # The warm-up codec's reduce-scatter sends by the same collectives.
+      want = copies.get("onebit", 0) * sent
+      want += copies.get("warmup", 0) * rounds.get("warmup", {}).get(kind, 0)
+      if "onebit" in copies and step_wire.get(kind, 0) != want:
         raise RuntimeError(
-          f"the compiled step sends {step_wire.get(kind)} bytes by {kind}, "
-          f"{copies['onebit']} 1-bit exchanges {copies['onebit'] * sent}: the "
-          f"pricing is out of date"
+          f"the compiled step sends {step_wire.get(kind)} bytes by {kind}, its "
+          f"1-bit exchange and warm-up {want}: the pricing is out of date"
         )
     in_hlo = sum(c * sum(rounds[k].values()) for k, c in copies.items())
     every_step = sum(b for b in step_wire.values() if b) - in_hlo
