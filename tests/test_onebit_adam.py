@@ -18,6 +18,7 @@ import pytest
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_dense_warmup import run as run_codec
 
 import gradcomp
 from gradcomp.compressors import scatter
@@ -232,28 +233,6 @@ def test_onebit_adam_matches_the_papers_algorithm(mesh):
   assert all(np.array_equal(scaled.mu["w"][0], scaled.mu["w"][i]) for i in range(N))
 
 
-def codec_means(mesh, codec, grads):
-  """The mean ``codec`` returns at each step of ``grads`` ((steps, N, ...) leaves)."""
-
-  def body(grads, state):
-    grads = jax.tree.map(lambda g: g[:, 0], grads)
-
-    def step(s, g):
-      mean, s = codec.update(g, s)
-      return s, mean
-
-    _, means = lax.scan(step, drop_worker_axis(state), grads)
-    return add_worker_axis(means)
-
-  like = jax.tree.map(lambda g: jnp.zeros(g.shape[2:], jnp.float32), grads)
-  state = add_worker_axis(codec.init(like), N)
-  f = jax.jit(
-    jax.shard_map(body, mesh=mesh, in_specs=(P(None, AXIS), P(AXIS)), out_specs=P(AXIS))
-  )
-  means = f(put(mesh, grads, P(None, AXIS)), put(mesh, state, P(AXIS)))
-  return jax.tree.map(lambda x: np.asarray(x)[0], means)  # Worker 0's.
-
-
 def test_a_warmup_codec_feeds_adamw_its_means(mesh):
   """The warm-up's AdamW steps on the codec's means; the 1-bit phase is Alg. 1's."""
   rng = np.random.default_rng(5)
@@ -263,7 +242,8 @@ def test_a_warmup_codec_feeds_adamw_its_means(mesh):
   grads = split(flat_grads, SHAPES)
   # Blocks of 2 within chunks of 6 values: int4 rounds visibly.
   codec = gradcomp.int_quantize(4, 2, exchange="scatter", axis_name=AXIS)
-  means = codec_means(mesh, codec, jax.tree.map(lambda g: g[:freeze], grads))
+  # The codec alone on the warm-up's gradients (the same on every worker).
+  means, _ = run_codec(mesh, codec, jax.tree.map(lambda g: g[:freeze], grads))
   warm = np.concatenate([means[k].reshape(freeze, -1) for k in SHAPES], axis=1)
   # The codec's means are not the exact ones (else this test could not fail).
   assert np.abs(warm - flat_grads[:freeze].mean(axis=1)).max() > 1e-3

@@ -63,6 +63,17 @@ def every_step_bytes(sim, rounds) -> float:
   return sim["wire_bytes_per_step"] - rounds
 
 
+def assert_resumes_where_the_whole_run_ends(whole_dir, whole, workdir, overrides):
+  """A copy of the whole run preempted at step 6, resumed, ends bit for bit as it."""
+  assert harness.preempted_copy(whole_dir, workdir) == STEPS // 2
+  resumed = train.train_and_evaluate(tiny(**overrides), workdir)
+  harness.assert_resumed_after(workdir, STEPS // 2)
+  for part in ("params", "opt_state"):
+    got, want = resumed.state[part], whole.state[part]
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_onebit_adam_prices_its_two_phases(onebit_run):
   workdir, result = onebit_run
   sim = json.loads((workdir / train.SIM_FILE).read_text())
@@ -85,13 +96,7 @@ def test_onebit_adam_prices_its_two_phases(onebit_run):
 def test_onebit_adam_resumes_its_errors_bit_for_bit(onebit_run, tmp_path):
   workdir, whole = onebit_run
   # Preempted after the checkpoint at step 6, in the compressed phase.
-  assert harness.preempted_copy(workdir, tmp_path) == STEPS // 2
-  resumed = train.train_and_evaluate(tiny(**ONEBIT), tmp_path)
-  harness.assert_resumed_after(tmp_path, STEPS // 2)
-  for part in ("params", "opt_state"):
-    got, want = resumed.state[part], whole.state[part]
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert_resumes_where_the_whole_run_ends(workdir, whole, tmp_path, ONEBIT)
   # The compressed phase ran, and left errors to carry over.
   errors = whole.state["opt_state"].inner_state[-1].worker_error
   assert np.any(np.asarray(errors))
@@ -118,13 +123,7 @@ def test_a_quantized_warmup_is_priced_by_its_codec_and_resumes_bit_for_bit(tmp_p
   assert 0 < every_step_bytes(sim, rounds) < 64
   assert np.isfinite(whole.eval_metrics["eval_loss"])
   # Preempted at step 6, inside the warm-up: the codec's residuals resume.
-  assert harness.preempted_copy(whole_dir, part_dir) == STEPS // 2
-  resumed = train.train_and_evaluate(tiny(**QUANTIZED), part_dir)
-  harness.assert_resumed_after(part_dir, STEPS // 2)
-  for part in ("params", "opt_state"):
-    got, want = resumed.state[part], whole.state[part]
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert_resumes_where_the_whole_run_ends(whole_dir, whole, part_dir, QUANTIZED)
   warm = whole.state["opt_state"].inner_state[-1].warmup
   assert any(np.any(np.asarray(x)) for x in jax.tree.leaves(warm))
 
