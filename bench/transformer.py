@@ -421,18 +421,27 @@ def _phase_rounds(
   float32 all-reduce of the ``d`` parameters: a warm-up, a freeze step, 0/1
   Adam's variance steps), ``"onebit"`` (1-bit and 0/1 Adam's two-stage 1-bit
   all-reduce, whose chunks depend on ``workers``: ``train.pricing.
-  self_exchange_rounds`` on ``d``), ``"none"`` (0/1 Adam's local steps) and
+  self_exchange_rounds`` on ``d``), ``"warmup"`` (1-bit Adam's warm-up
+  through ``optimizer.warmup_bits``' reduce-scatter, traced again for
+  ``workers``), ``"none"`` (0/1 Adam's local steps) and
   ``"compressed"`` (the codec's exchange after ``compressor.warmup_steps`` or
   ``compressed_adam``'s freeze: the logged round, a reduce-scatter form's
   traced again for ``workers`` by :func:`_round_wire`).
   """
-  from train import pricing
+  from train import optimizer, pricing
 
   logged = inputs["phase_wire"]
   rounds = {kind: dict(wire) for kind, wire in logged.items()}
-  if "onebit" in rounds:
+  if "dense" in logged:
     d = logged["dense"]["all-reduce"] // 4
+  else:  # A quantized warm-up sends no dense round to read d from.
+    d = _model_size(config)
+  if "onebit" in rounds:
     rounds["onebit"] = pricing.self_exchange_rounds(d, workers)["onebit"]
+  if "warmup" in rounds:
+    rounds["warmup"] = _traced(
+      lambda axis: optimizer.warmup_codec(config.optimizer, axis), d, workers
+    )
   if "compressed" in rounds:
     rounds["compressed"] = _round_wire(
       {"round_wire": logged["compressed"]}, config, workers
@@ -453,20 +462,36 @@ def _round_wire(inputs: Mapping[str, Any], config, workers: int) -> dict[str, in
   wire = dict(inputs["round_wire"])
   if config.compressor.get("exchange") != "scatter":
     return wire
-  from gradcomp.models import shapes
-  from gradcomp.parallel.traced import traced_wire
   from train import optimizer
 
   if config.fusion.plan != "single":
     raise ValueError(
       f"re-pricing a scatter form needs fusion.plan='single', got {config.fusion.plan!r}"
     )
-  size = shapes.total_size(shapes.gpt_shapes(config.model.name, BYTE_VOCABULARY))
-  traced = traced_wire(
-    lambda axis: optimizer.compressor(config.compressor, axis), size, workers
+  wire.update(
+    _traced(
+      lambda axis: optimizer.compressor(config.compressor, axis),
+      _model_size(config),
+      workers,
+    )
   )
-  wire.update({kind: nbytes for kind, (nbytes, _) in traced.items()})
   return wire
+
+
+def _model_size(config) -> int:
+  """The values of ``config``'s GPT (one fused buffer of every leaf)."""
+  from gradcomp.models import shapes
+
+  return shapes.total_size(shapes.gpt_shapes(config.model.name, BYTE_VOCABULARY))
+
+
+def _traced(build, size: int, workers: int) -> dict[str, int]:
+  """``{collective: bytes}`` of ``build(axis)`` on one buffer of ``size`` values,
+  traced on ``workers`` workers."""
+  from gradcomp.parallel.traced import traced_wire
+
+  traced = traced_wire(build, size, workers)
+  return {kind: nbytes for kind, (nbytes, _) in traced.items()}
 
 
 def time_to_target(

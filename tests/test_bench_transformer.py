@@ -165,27 +165,42 @@ def test_phases_are_re_priced_dense_then_compressed(method, dense_steps):
   assert each["dense"][0] > 2 * each["compressed"][0]  # The phases differ.
 
 
-def test_onebit_phases_are_re_priced_on_the_cluster_s_workers():
+@pytest.mark.parametrize("warmup_bits", [None, 4])
+def test_onebit_phases_are_re_priced_on_the_cluster_s_workers(warmup_bits):
   """1-bit Adam's compressed rounds are the 1-bit all-reduce's on 16 workers
-  (chunks of d / 16), not the 8-worker run's logged ones."""
+  (chunks of d / 16), not the 8-worker run's logged ones; so are the rounds
+  of an int4 warm-up (``warmup_bits``: int_quantize's reduce-scatter)."""
   import gradcomp
-  from gradcomp.compressors import scatter
+  from gradcomp.compressors import intq, scatter
 
   steps, d = 6, 445_952
-  logged = {"dense": {"all-reduce": 4 * d}, "onebit": scatter.onebit_wire(d, 8)}
+
+  def int4(n):  # Chunks of ceil(d / n) values to their owners, one back.
+    row = intq.row_bytes(-(-d // n), 4, 512)
+    return {"all-to-all": n * row, "all-gather": row}
+
+  warm = "dense" if warmup_bits is None else "warmup"
+  warm8 = {"all-reduce": 4 * d} if warmup_bits is None else int4(8)
+  warm16 = {"all-reduce": 4 * d} if warmup_bits is None else int4(16)
+  logged = {warm: warm8, "onebit": scatter.onebit_wire(d, 8)}
   inputs = {"flops_per_step": 2e9, "round_wire": logged["onebit"], "phase_wire": logged}
   cluster = gradcomp.sim.Cluster(16, bandwidth_gbps=10.0)
   method = transformer.ADAPTIVE["onebit_adam"]
   config = transformer.configure(method, seed=0, steps=steps, eval_every=steps)
   config.optimizer.freeze_step = 2
+  config.optimizer.warmup_bits = warmup_bits
   seconds = transformer.reprice(inputs, config, cluster, steps)
   wire16 = scatter.onebit_wire(d, 16)
   assert wire16 != logged["onebit"]
-  expected = np.diff(
-    gradcomp.sim.simulate_rounds(cluster, 2e9, lambda s: True, wire16, steps)
-  )
+
+  def every_step(wire):
+    rounds = gradcomp.sim.simulate_rounds(cluster, 2e9, lambda s: True, wire, steps)
+    return np.diff(rounds)
+
   tol = 2 * np.finfo(np.float64).eps * seconds[-1]  # As above.
-  np.testing.assert_allclose(np.diff(seconds)[2:], expected[2:], rtol=0, atol=tol)
+  clock = np.diff(seconds)
+  np.testing.assert_allclose(clock[2:], every_step(wire16)[2:], rtol=0, atol=tol)
+  np.testing.assert_allclose(clock[:2], every_step(warm16)[:2], rtol=0, atol=tol)
 
 
 def test_powersgd_is_per_leaf_and_sends_vectors_dense():
