@@ -43,7 +43,7 @@ transformer suite's machinery (:func:`bench.transformer.configure`,
    dense phase, which also estimates the variance they freeze (1-bit Adam
    also at :data:`SHORT_FREEZE_STEP`, the longest dense freeze that leaves
    the run at 20x fewer bytes, and with an int4 warm-up,
-   :data:`QUANTIZED_WARMUP`); 0/1 Adam and DeMo follow their own schedules. The
+   :data:`INT8_WARMUP`, :data:`INT4_WARMUP`); 0/1 Adam and DeMo follow their own schedules. The
    bytes are over the whole run, the dense phases included.
 6. **The per-worker batch** is a parameter (``--windows-per-worker``,
    default :data:`WINDOWS_PER_WORKER`); the whole protocol runs at each size
@@ -106,13 +106,16 @@ FREEZE_STEP = transformer.FREEZE_STEP
 #: against dense's 1,783,824), so ``w`` dense steps give
 #: ``600 / (w + (600 - w) / 28.4)``: 20.1x at w = 9, 20.8x at w = 8.
 SHORT_FREEZE_STEP = 8
-#: 1-bit Adam's variant at 20x with a quantized warm-up: its dense phase's
-#: gradients as int4 codes in a reduce-scatter (``optimizer.warmup_bits``),
-#: 7.0x fewer bytes than the all-reduce (254,772 against 1,783,808 per step on
-#: gpt_tiny), so 50 warm-up steps, where the dense-warm-up 1-bit Adam held
-#: (seed 0 at 6e-3: 1.866 against 1.881 at 100), leave the run at
-#: ``600 / (50 / 7.0 + 550 / 28.4)`` = 22.6x fewer bytes than dense.
-QUANTIZED_WARMUP = {"freeze_step": 50, "warmup_bits": 4}
+#: 1-bit Adam's variants at 20x with a quantized warm-up: the dense phase's
+#: gradients as int8 or int4 codes in a reduce-scatter
+#: (``optimizer.warmup_bits``), so a warm-up as long as the dense one that held
+#: (seed 0 at 6e-3: 1.869 at 35 dense steps, 1.866 at 50, 1.881 at 100) fits
+#: in 20x: ``600 / (w / c + (600 - w) / 28.4)`` for ``w`` steps whose round
+#: is ``c`` times smaller than the all-reduce. int8 in blocks of 64 (533,052
+#: bytes a round, c = 3.35): 33 steps, 20.1x; int4 in blocks of 512 (254,772,
+#: c = 7.0): 50 steps, 22.6x.
+INT8_WARMUP = {"freeze_step": 33, "warmup_bits": 8, "warmup_block_size": 64}
+INT4_WARMUP = {"freeze_step": 50, "warmup_bits": 4}
 #: 0/1 Adam's variant at 20x: its variance interval doubles after every 2
 #: updates instead of 16, so 600 steps hold 15 dense variance steps, not 67
 #: (``zero_one_adam.exchange_schedule``); with the reference's freeze at 300
@@ -272,20 +275,8 @@ def _entries() -> tuple[Entry, ...]:
       ADAMW_RATES,
       rate_note=_ADAMW_NOTE,
     ),
-    Entry(
-      Method(
-        "onebit_adam_int4_warmup",
-        _SYNC,
-        optimizer={"name": "onebit_adam", **QUANTIZED_WARMUP},
-        why=f"1-bit Adam: {QUANTIZED_WARMUP['freeze_step']} AdamW steps on "
-        "int4 gradients (ZeRO++'s quantized reduce-scatter with LoCo's error "
-        "feedback, 7x fewer bytes than the all-reduce), then the 1-bit momentum",
-      ),
-      every,
-      f"1-bit Adam, int4 warm-up of {QUANTIZED_WARMUP['freeze_step']} steps",
-      ADAMW_RATES,
-      rate_note=_ADAMW_NOTE,
-    ),
+    _quantized_warmup_entry(INT8_WARMUP, every),
+    _quantized_warmup_entry(INT4_WARMUP, every),
     Entry(
       Method(
         "compressed_adam_topk",
@@ -410,6 +401,26 @@ def _entries() -> tuple[Entry, ...]:
     ),
     _senders_entry(_SPARSELOCO["k"], periodic),
     _senders_entry(DENSE_SPARSELOCO_K, periodic),
+  )
+
+
+def _quantized_warmup_entry(optimizer: dict[str, int], family: str) -> Entry:
+  """1-bit Adam whose warm-up sends int codes (``optimizer``: its fields)."""
+  bits, steps = optimizer["warmup_bits"], optimizer["freeze_step"]
+  block = optimizer.get("warmup_block_size", 512)
+  return Entry(
+    Method(
+      f"onebit_adam_int{bits}_warmup",
+      _SYNC,
+      optimizer={"name": "onebit_adam", **optimizer},
+      why=f"1-bit Adam: {steps} AdamW steps on int{bits} gradients in blocks of "
+      f"{block} (ZeRO++'s quantized reduce-scatter with LoCo's error feedback), "
+      "then the 1-bit momentum",
+    ),
+    family,
+    f"1-bit Adam, int{bits} warm-up of {steps} steps (blocks of {block})",
+    ADAMW_RATES,
+    rate_note=_ADAMW_NOTE,
   )
 
 
@@ -718,9 +729,9 @@ def protocol(windows: Sequence[int], seeds: int, steps: int = 600) -> dict[str, 
     "dense_warmup": f"every-step compressors: compressor.warmup_steps={DENSE_WARMUP} "
     "(gpt_tiny's AdamW warm-up); 1-bit and compressed-momentum Adam: "
     f"freeze_step={FREEZE_STEP} (1-bit Adam also at {SHORT_FREEZE_STEP}, the "
-    "longest dense freeze that leaves the run at 20x, and at "
-    f"{QUANTIZED_WARMUP['freeze_step']} with its warm-up's gradients as int4 "
-    f"codes, optimizer.warmup_bits={QUANTIZED_WARMUP['warmup_bits']}); 0/1 Adam "
+    "longest dense freeze that leaves the run at 20x, and with its warm-up's "
+    f"gradients as int8 codes for {INT8_WARMUP['freeze_step']} steps or int4 "
+    f"for {INT4_WARMUP['freeze_step']}, optimizer.warmup_bits); 0/1 Adam "
     "and DeMo: their own schedules; bytes "
     "counted over the whole run, dense phases included, so a dense phase of w "
     f"of the {steps} steps caps the run's ratio to dense at {steps}/w: "

@@ -270,8 +270,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.freeze_step = config_dict.placeholder(int)
   # onebit_adam, compressed_adam: the warm-up's gradients through
   # int_quantize(warmup_bits, exchange="scatter") in one fused buffer (ZeRO++'s
-  # qgZ with LoCo's error feedback) instead of the dense all-reduce: 4 or 8.
+  # qgZ with LoCo's error feedback) instead of the dense all-reduce: 4 or 8;
+  # warmup_block_size: values per scale (None: int_quantize's 512).
   config.optimizer.warmup_bits = config_dict.placeholder(int)
+  config.optimizer.warmup_block_size = config_dict.placeholder(int)
   # zero_one_adam: its schedule (None: DeepSpeed's 100000, 16, 32678, 16).
   config.optimizer.var_freeze_step = config_dict.placeholder(int)
   config.optimizer.var_update_scaler = config_dict.placeholder(int)

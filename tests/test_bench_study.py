@@ -236,9 +236,9 @@ def test_every_method_has_its_grid_the_protocol_and_its_warm_up():
       assert e.method.hyperparameters["warmup_steps"] == study.DENSE_WARMUP, label
     if name in ("onebit_adam", "compressed_adam"):
       freeze = e.method.optimizer["freeze_step"]
-      warmup = (study.QUANTIZED_WARMUP["freeze_step"],)
-      if e.method.optimizer.get("warmup_bits") is None:
-        warmup = (study.FREEZE_STEP, study.SHORT_FREEZE_STEP)
+      warmup = (study.FREEZE_STEP, study.SHORT_FREEZE_STEP)
+      if e.method.optimizer.get("warmup_bits") is not None:
+        warmup = (study.INT8_WARMUP["freeze_step"], study.INT4_WARMUP["freeze_step"])
       assert freeze in warmup, label
   assert set(study.FAMILIES) == {e.family for e in study.ENTRIES.values()}
 

@@ -2,7 +2,7 @@
 
 ``--config.optimizer.name=onebit_adam | zero_one_adam | demo`` trains with
 the optimizer alone on each worker's gradient. Checked: the bytes per step
-are the phases' closed form (1-bit Adam: dense, or int4 codes with
+are the phases' closed form (1-bit Adam: dense, or int8 codes with
 ``warmup_bits``, through the warm-up, then its 1-bit exchange; 0/1 Adam:
 dense, 1-bit or nothing by its schedule; DeMo: its top-k payload every
 step), a run stopped in the warm-up or the compressed phase and resumed
@@ -102,9 +102,15 @@ def test_onebit_adam_resumes_its_errors_bit_for_bit(onebit_run, tmp_path):
   assert np.any(np.asarray(errors))
 
 
-# A warm-up through int4 codes, long enough that the resume below starts in it.
+# A warm-up through int8 codes in blocks of 64 (the study's), long enough that
+# the resume below starts in it.
 WARM_FREEZE = 8
-QUANTIZED = {**ONEBIT, "optimizer.freeze_step": WARM_FREEZE, "optimizer.warmup_bits": 4}
+QUANTIZED = {
+  **ONEBIT,
+  "optimizer.freeze_step": WARM_FREEZE,
+  "optimizer.warmup_bits": 8,
+  "optimizer.warmup_block_size": 64,
+}
 
 
 def test_a_quantized_warmup_is_priced_by_its_codec_and_resumes_bit_for_bit(tmp_path):
@@ -113,9 +119,10 @@ def test_a_quantized_warmup_is_priced_by_its_codec_and_resumes_bit_for_bit(tmp_p
   sim = json.loads((whole_dir / train.SIM_FILE).read_text())
   d = sum(np.size(x) for x in jax.tree.leaves(whole.state["params"]))
   # int_quantize's reduce-scatter of one fused buffer: each of the 8 chunks
-  # of ceil(d / 8) values as int4 codes and a scale per block of 512, to its
+  # of ceil(d / 8) values as int8 codes and a scale per block of 64, to its
   # owner (all-to-all); the owner's requantized chunk to all (all-gather).
-  row = intq.row_bytes(-(-d // 8), 4, 512)
+  row = intq.row_bytes(-(-d // 8), 8, 64)
+  assert row != intq.row_bytes(-(-d // 8), 8, 512)  # The block size reached it.
   assert sim["phase_wire"]["warmup"] == {"all-to-all": 8 * row, "all-gather": row}
   assert sim["phases"] == {"warmup": WARM_FREEZE, "onebit": STEPS - WARM_FREEZE}
   onebit = scatter.onebit_payload_bytes(d, 8)
@@ -187,6 +194,14 @@ def test_zero_one_adam_skips_rounds_and_its_bytes_show_it(tmp_path):
     (
       {"optimizer.name": "adamw", "optimizer.warmup_bits": 8},
       "warmup_bits is the warm-up of onebit_adam and compressed_adam, not of adamw",
+    ),
+    (
+      {**ONEBIT, "optimizer.warmup_block_size": 64},
+      "warmup_block_size is the quantized warm-up's: set config.optimizer.warmup_bits",
+    ),
+    (
+      {**QUANTIZED, "optimizer.warmup_block_size": 0},
+      "warmup_block_size must be an integer >= 1, got 0",
     ),
   ],
 )
