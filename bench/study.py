@@ -61,7 +61,7 @@ the method fastest to the target among those whose mean final bpb is within
 
 Writes ``study.json`` and ``study.md`` to ``--out``; ``--page PATH`` renders
 the recommendation page from that JSON (:func:`bench.study_page.render`);
-``--phase page`` only renders it. The full study is about 75 runs of 5-10
+``--phase page`` only renders it. The full study is about 110 runs of 5-10
 minutes each on a 2-core CPU.
 """
 
@@ -513,7 +513,7 @@ def run_count(labels: Sequence[str], seeds: int) -> int:
 
   Examples:
     >>> run_count(DEFAULT_METHODS, 3)
-    99
+    109
   """
   return sum(len(grid_points(ENTRIES[x])) + seeds - 1 for x in labels)
 
@@ -920,15 +920,31 @@ def _run_size(
     if phase in ("seeds", "all") and record["choice"] is not None:
       point = record["choice"]["point"]
       record["runs"] = [chosen_run(record)] + [train(s, point) for s in range(1, seeds)]
-    elif (
-      phase == "grid" and kept.get("choice") == record["choice"] and kept.get("runs")
-    ):
-      record["runs"] = kept["runs"]  # The seeds of an unchanged choice stay.
+    elif phase == "grid" and (runs := seeds_kept(kept, record["choice"])):
+      record["runs"] = runs
     size["methods"][label] = record
   size["global_batch_size"] = meta.get("batch", previous.get("global_batch_size"))
   size["context"] = meta.get("context", previous.get("context"))
   size["workdir"] = str(meta["workdir"]) if "workdir" in meta else None
   return size
+
+
+def seeds_kept(kept: Mapping[str, Any], choice: Mapping[str, Any] | None):
+  """The seeds ``kept`` (a method's earlier record) ran, if still at ``choice``'s point.
+
+  A grid that grew keeps its choice's seeds when the point is the same, though
+  the choice's flags (``edge``, ``tied``) may have changed with the grid.
+
+  >>> old = {"choice": {"key": "lr6e-3", "edge": True}, "runs": ["seed 0"]}
+  >>> seeds_kept(old, {"key": "lr6e-3", "edge": False})
+  ['seed 0']
+  >>> seeds_kept(old, {"key": "lr3e-3", "edge": False}) is None
+  True
+  """
+  before = kept.get("choice")
+  if before is None or choice is None or before["key"] != choice["key"]:
+    return None
+  return kept.get("runs") or None
 
 
 def _summaries(size, entries, *, steps, eval_every, overrides, protocol_fields):
