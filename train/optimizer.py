@@ -571,7 +571,7 @@ def check_self_exchanging(config, scheme) -> None:
   ``config.compressor.warmup_steps`` (:func:`check_warmup`),
   ``config.optimizer.clip_scope`` (:func:`check_clip_scope`),
   ``config.optimizer.mask_decay`` (:func:`decay_mask_of`), Muon's mesh and
-  ``config.optimizer.warmup_bits`` (a frozen-variance optimizer's only).
+  the quantized warm-up's fields (:func:`_check_warmup_codes`).
   """
   check_warmup(config, scheme.name)
   check_clip_scope(config, scheme)
@@ -586,6 +586,39 @@ def check_self_exchanging(config, scheme) -> None:
         "config.optimizer.name=muon orthogonalises whole matrices: not on an "
         f"FSDP mesh (config.mesh={config.mesh!r}), whose optimizer sees shards"
       )
+  _check_warmup_codes(cfg)
+  if not exchanges_itself(cfg):
+    return
+  name = cfg.name
+  if scheme != "none":
+    raise ValueError(
+      f"config.optimizer.name={name} exchanges its own momentum: synchronous "
+      f"training only (config.scheme.name=none), not {scheme!r}"
+    )
+  if config.compressor.name != "none" and name not in CODEC_OPTIMIZERS:
+    raise ValueError(
+      f"config.optimizer.name={name} compresses its own exchange: set "
+      f"config.compressor.name=none (got {config.compressor.name!r})"
+    )
+  if config.get("sufficient_factors"):
+    raise ValueError(f"config.optimizer.name={name} does not take sufficient factors")
+  if name in FROZEN_VARIANCE and cfg.get("freeze_step") is None:
+    raise ValueError(
+      f"config.optimizer.name={name} needs config.optimizer.freeze_step (the "
+      "dense AdamW updates before the variance freezes; Tang et al. warm up for "
+      "about 15-25 % of a run); e.g. --config.optimizer.freeze_step=100"
+    )
+  freeze = cfg.get("freeze_step")
+  if name in FROZEN_VARIANCE and (
+    isinstance(freeze, bool) or not isinstance(freeze, int) or freeze < 1
+  ):
+    raise ValueError(
+      f"config.optimizer.freeze_step must be an integer >= 1, got {freeze!r}"
+    )
+
+
+def _check_warmup_codes(cfg) -> None:
+  """Raises ``ValueError`` unless ``warmup_bits`` / ``warmup_block_size`` can run as set."""
   bits = cfg.get("warmup_bits")
   if bits is not None and cfg.get("name") not in FROZEN_VARIANCE:
     raise ValueError(
@@ -608,34 +641,6 @@ def check_self_exchanging(config, scheme) -> None:
   ):
     raise ValueError(
       f"config.optimizer.warmup_block_size must be an integer >= 1, got {block!r}"
-    )
-  if not exchanges_itself(cfg):
-    return
-  name = cfg.name
-  if scheme != "none":
-    raise ValueError(
-      f"config.optimizer.name={name} exchanges its own momentum: synchronous "
-      f"training only (config.scheme.name=none), not {scheme!r}"
-    )
-  if config.compressor.name != "none" and name not in CODEC_OPTIMIZERS:
-    raise ValueError(
-      f"config.optimizer.name={name} compresses its own exchange: set "
-      f"config.compressor.name=none (got {config.compressor.name!r})"
-    )
-  if config.get("sufficient_factors"):
-    raise ValueError(f"config.optimizer.name={name} does not take sufficient factors")
-  if name in ("onebit_adam", "compressed_adam") and cfg.get("freeze_step") is None:
-    raise ValueError(
-      f"config.optimizer.name={name} needs config.optimizer.freeze_step (the "
-      "dense AdamW updates before the variance freezes; Tang et al. warm up for "
-      "about 15-25 % of a run); e.g. --config.optimizer.freeze_step=100"
-    )
-  freeze = cfg.get("freeze_step")
-  if name in ("onebit_adam", "compressed_adam") and (
-    isinstance(freeze, bool) or not isinstance(freeze, int) or freeze < 1
-  ):
-    raise ValueError(
-      f"config.optimizer.freeze_step must be an integer >= 1, got {freeze!r}"
     )
 
 
