@@ -42,9 +42,10 @@ transformer suite's machinery (:func:`bench.transformer.configure`,
    Adam) warm up through ``freeze_step`` = :data:`FREEZE_STEP`, their own
    dense phase, which also estimates the variance they freeze (1-bit Adam
    also at :data:`SHORT_FREEZE_STEP`, the longest dense freeze that leaves
-   the run at 20x fewer bytes, and with an int4 warm-up,
-   :data:`INT8_WARMUP`, :data:`INT4_WARMUP`); 0/1 Adam and DeMo follow their own schedules. The
-   bytes are over the whole run, the dense phases included.
+   the run at 20x fewer bytes, and with its warm-up's gradients as int codes,
+   :data:`INT8_WARMUP` and :data:`INT4_WARMUP`); 0/1 Adam and DeMo follow
+   their own schedules. The bytes are over the whole run, the dense phases
+   included.
 6. **The per-worker batch** is a parameter (``--windows-per-worker``,
    default :data:`WINDOWS_PER_WORKER`); the whole protocol runs at each size
    given (e.g. ``8,32``), each size its own grid and choice.
@@ -69,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -80,6 +82,7 @@ from typing import Any
 
 import numpy as np
 
+import gradcomp
 from bench import transformer
 from bench.convergence import _stats
 from bench.output import write_json
@@ -407,7 +410,8 @@ def _entries() -> tuple[Entry, ...]:
 def _quantized_warmup_entry(optimizer: dict[str, int], family: str) -> Entry:
   """1-bit Adam whose warm-up sends int codes (``optimizer``: its fields)."""
   bits, steps = optimizer["warmup_bits"], optimizer["freeze_step"]
-  block = optimizer.get("warmup_block_size", 512)
+  unset = inspect.signature(gradcomp.int_quantize).parameters["block_size"].default
+  block = optimizer.get("warmup_block_size", unset)
   return Entry(
     Method(
       f"onebit_adam_int{bits}_warmup",

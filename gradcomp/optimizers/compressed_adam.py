@@ -160,8 +160,6 @@ def compressed_adam(
     learning_rate, b1, b2, eps, weight_decay, freeze_step=freeze_step
   )
   warmup.check_compressor(codec, axis_name, "codec")
-  if warmup_codec is not None:
-    warmup.check_compressor(warmup_codec, axis_name, "warmup_codec")
   tx = frozen_variance.frozen_variance_adam(
     learning_rate,
     codec_exchange(codec),

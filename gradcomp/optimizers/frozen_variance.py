@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from gradcomp.compressors import exchange
+from gradcomp.compressors import warmup as warmup_lib
 from gradcomp.parallel import branches
 
 
@@ -121,12 +122,19 @@ def frozen_variance_adam(
       ``adam`` (``optax.adamw``'s state), ``warmup`` (the warm-up codec's,
       ``()`` without one) and the exchange's.
     name: the optimizer's name, for errors.
-    freeze_step, b1, b2, eps, weight_decay, mask, axis_name, warmup_codec:
-      as :func:`gradcomp.onebit_adam`'s (validated by the caller).
+    freeze_step, b1, b2, eps, weight_decay, mask, axis_name: as
+      :func:`gradcomp.onebit_adam`'s (validated by the caller).
+    warmup_codec: as :func:`gradcomp.onebit_adam`'s; checked here.
 
   Returns:
     An ``optax.GradientTransformation`` (params required by ``update``).
+
+  Raises:
+    ValueError: a ``warmup_codec`` that is not a transformation over
+      ``axis_name``.
   """
+  if warmup_codec is not None:
+    warmup_lib.check_compressor(warmup_codec, axis_name, "warmup_codec")
   adamw = optax.adamw(
     learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask
   )
@@ -148,7 +156,6 @@ def frozen_variance_adam(
       mean, codec_state = exchange.all_reduce_mean(grads, axis_name), ()
     else:
       mean, codec_state = warmup_codec.update(grads, state.warmup)
-      mean = jax.tree.map(lambda m: jnp.asarray(m, jnp.float32), mean)
     updates, adam = adamw.update(mean, state.adam, params)
     return updates, state._replace(adam=adam, warmup=codec_state)
 

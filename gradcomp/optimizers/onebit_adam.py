@@ -80,7 +80,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gradcomp.compressors import axes, exchange, scatter, warmup
+from gradcomp.compressors import axes, exchange, scatter
 from gradcomp.optimizers import frozen_variance
 from gradcomp.optimizers.frozen_variance import check_adam as check_adam
 
@@ -185,8 +185,6 @@ def onebit_adam(
     True
   """
   check_adam(learning_rate, b1, b2, eps, weight_decay, freeze_step=freeze_step)
-  if warmup_codec is not None:
-    warmup.check_compressor(warmup_codec, axis_name, "warmup_codec")
   tx = frozen_variance.frozen_variance_adam(
     learning_rate,
     onebit_exchange(axis_name),

@@ -163,8 +163,8 @@ class SparseLoCo(_Rounds):
   its outer rate is tuned), ``chunk``, ``value_bits``, ``ef_decay`` and
   ``mean`` (unset: the factory's 64, 2, 0.95 and ``"workers"``). The scheme
   sends its own codec: ``config.compressor`` is set to ``none`` (with a
-  warning if it named another) and ``config.fusion.plan`` to ``none`` (the codec tiles each leaf
-  of the params' tree). A round is priced from its own compiled exchange,
+  warning if it named another) and ``config.fusion.plan`` to ``none`` (the
+  codec tiles each leaf of the params' tree). A round is priced from its own compiled exchange,
   every ``every``-th step.
   """
 
