@@ -218,7 +218,11 @@ def placeholder() -> str:
     study.DEFAULT_METHODS, 600, [study.WINDOWS_PER_WORKER], study.SEEDS, {}
   )
   larger = study.command(
-    study.DEFAULT_METHODS, 600, [study.WINDOWS_PER_WORKER, 32], study.SEEDS, {}
+    study.DEFAULT_METHODS,
+    600,
+    [study.WINDOWS_PER_WORKER, study.LARGER_WINDOWS],
+    study.SEEDS,
+    {},
   )
   return "\n".join(
     [
@@ -235,8 +239,8 @@ def placeholder() -> str:
       command,
       "```",
       "",
-      "At 32 windows per worker as well (its own grids and seeds, each run about "
-      "4x longer; the 8-window runs are read back):",
+      f"At {study.LARGER_WINDOWS} windows per worker as well (its own grids and "
+      "seeds, each run about twice as long; the 8-window runs are read back):",
       "",
       "```",
       larger,
@@ -254,7 +258,9 @@ def placeholder() -> str:
       "steps and cosine decay, clipping at 1.0), 8 workers, 600 steps; every "
       "method:",
       "",
-      *_protocol_lines(study.protocol([study.WINDOWS_PER_WORKER, 32], study.SEEDS)),
+      *_protocol_lines(
+        study.protocol([study.WINDOWS_PER_WORKER, study.LARGER_WINDOWS], study.SEEDS)
+      ),
       "",
       "The methods and their grids:",
       "",
@@ -348,6 +354,9 @@ def _picks(size: Mapping[str, Any], gbps: Sequence[str]) -> list[str]:
     cells = []
     for family in study.FAMILIES:
       p = picks[family]
+      if not any(m["family"] == family for m in methods.values()):
+        cells.append("not run at this batch")
+        continue
       if p is None:
         cells.append("none keeps the model")
         continue
@@ -433,6 +442,65 @@ def _bars(size: Mapping[str, Any]) -> list[str]:
   return lines
 
 
+def _final(m: Mapping[str, Any]) -> tuple[float | None, str]:
+  """A method's mean final bpb over its seeds, else seed 0's at its choice."""
+  s = m.get("summary")
+  if s is not None:
+    return s["final_bpb"]["mean"], f"{len(s['final_bpb']['values'])} seeds"
+  choice = m.get("choice")
+  return (None, "") if choice is None else (choice["final_bpb"], "seed 0")
+
+
+def _batch_section(sizes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+  """Each method's gap to dense AdamW at every per-worker batch it ran at.
+
+  Whether a compressor's gap narrows at a larger batch says how much of it is
+  the noise of a small batch's gradient (the codec keeping its largest
+  entries, its signs or its leading directions, of mostly noise).
+  """
+  labels = list(dict.fromkeys(x for s in sizes.values() for x in s["methods"]))
+  labels = [x for x in labels if sum(x in s["methods"] for s in sizes.values()) > 1]
+  if not labels:
+    return []
+  lines = [
+    "## How the per-worker batch moves the gaps",
+    "",
+    "Each method that ran at more than one per-worker batch: its chosen point "
+    "at each (every size has its own grid and choice), its mean final bits per "
+    "byte (over its seeds, or seed 0 where only the grid ran) and how far "
+    "above dense AdamW's at the same batch.",
+    "",
+    "| method | " + " | ".join(f"{k} windows per worker" for k in sizes) + " |",
+    "| --- | " + " | ".join("---" for _ in sizes) + " |",
+  ]
+  for label in labels:
+    cells, title = [], None
+    for size in sizes.values():
+      m = size["methods"].get(label)
+      final, over = (None, "") if m is None else _final(m)
+      if final is None:
+        cells.append("-")
+        continue
+      title = m["title"]
+      cell = f"{_point(m['choice']['point'])}: {_num(final)} ({over})"
+      ref, _ = _final(size["methods"].get(transformer.BASELINE, {}))
+      if label != transformer.BASELINE and _finite(ref) and _finite(final):
+        cell += f", {(final / ref - 1) * 100:+.1f} %"
+      cells.append(cell)
+    if title is not None:
+      lines.append(f"| {title} | " + " | ".join(cells) + " |")
+  return [*lines, ""]
+
+
+def _only_some(size: Mapping[str, Any], sizes: Mapping[str, Any]) -> list[str]:
+  """Names the methods a size ran when it holds fewer than the study's."""
+  every = {x for s in sizes.values() for x in s["methods"]}
+  if every <= set(size["methods"]):
+    return []
+  titles = ", ".join(m["title"] for m in size["methods"].values())
+  return [f"Only some methods ran at this per-worker batch: {titles}.", ""]
+
+
 def render(result: Mapping[str, Any]) -> str:
   """The whole page from a ``bench.study`` result."""
   gbps = [f"{g:g}" for g in result["protocol"]["bandwidths_gbps"]]
@@ -480,6 +548,7 @@ def render(result: Mapping[str, Any]) -> str:
       f"the 8 workers. Target: {_num(size['target_bpb'])} bits per byte "
       f"({size['target_rule']}).",
       "",
+      *_only_some(size, result["sizes"]),
       "### What to pick at what bandwidth",
       "",
       *_picks(size, gbps),
@@ -492,6 +561,8 @@ def render(result: Mapping[str, Any]) -> str:
       ("Every-step exchange", "Periodic exchange (DiLoCo family)"),
       strict=True,
     ):
+      if not any(m["family"] == family for m in size["methods"].values()):
+        continue
       lines += [
         f"### {title}",
         "",
@@ -503,6 +574,7 @@ def render(result: Mapping[str, Any]) -> str:
         "",
       ]
     lines += _gap_over_training(size)
+  lines += _batch_section(result["sizes"])
   lines += [
     "## The protocol",
     "",

@@ -3,6 +3,7 @@ link speed and the page rendered from its JSON, on synthetic results (no
 training), then one tiny run end to end."""
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -426,6 +427,49 @@ def test_the_gap_over_training_is_each_step_against_dense(result):
   assert "### The gap over training" in page
   assert "| dense AdamW | 3 seeds | 2.504 | 2.004 |" in page
   assert f"| DiLoCo every {EVERY} | 3 seeds | 2.054 (-18 %) | 2.197 (+10 %) |" in page
+
+
+def test_a_larger_batch_reports_each_gap_against_dense_at_its_own_batch(result):
+  """A second size where only dense and top-k ran, every final 0.1 and 0.2
+  lower: dense's mean 2.004 -> 1.904, top-k's 2.024 (+1.0 %) -> 1.824
+  (1.824 / 1.904 - 1 = -4.2 %)."""
+  more = copy.deepcopy(result)
+  size = copy.deepcopy(more["sizes"]["8"])
+  size["windows_per_worker"] = 16
+  size["methods"] = {x: size["methods"][x] for x in ("dense", "topk")}
+  for label, shift in (("dense", 0.1), ("topk", 0.2)):
+    m = size["methods"][label]
+    for r in [*m["runs"], *(g["run"] for g in m["grid"])]:
+      r["curve"]["bpb"][-1] -= shift
+    for g in m["grid"]:
+      g["final_bpb"] -= shift
+    m["choice"]["final_bpb"] -= shift
+  study._summaries(
+    size,
+    study.ENTRIES,
+    steps=STEPS,
+    eval_every=EVERY,
+    overrides={},
+    protocol_fields=study.PROTOCOL_FIELDS,
+  )
+  more["sizes"]["16"] = size
+  page = study_page.render(more)
+  assert "## How the per-worker batch moves the gaps" in page
+  assert "| method | 8 windows per worker | 16 windows per worker |" in page
+  assert "| dense AdamW | lr 3e-3: 2.004 (3 seeds) | lr 3e-3: 1.904 (3 seeds) |" in page
+  assert (
+    "| top-k 1 % + EF -> AdamW | lr 3e-3: 2.024 (3 seeds), +1.0 % "
+    "| lr 3e-3: 1.824 (3 seeds), -4.2 % |"
+  ) in page
+  # Methods run at one size only have no row; the smaller size names no subset.
+  assert "| DiLoCo every" not in page.split("moves the gaps")[1].split("##")[0]
+  section = page.split("## 16 windows per worker")[1].split("## How")[0]
+  assert section.count("Only some methods ran at this per-worker batch") == 1
+  assert "Only some methods" not in page.split("## 16 windows per worker")[0]
+  # No periodic method at 16 windows: no periodic table, and no pick claimed.
+  assert "### Periodic exchange" not in section
+  assert "| 1 Gbit/s | top-k 1 % + EF -> AdamW: " in section
+  assert "not run at this batch" in section and "none keeps" not in section
 
 
 def test_the_periodic_bar_reads_seed_0_when_the_seeds_have_not_run(result):
