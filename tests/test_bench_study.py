@@ -286,6 +286,18 @@ def _run(label, seed, point):
   }
 
 
+def _summarise(size):
+  """``study._summaries`` on a synthetic size, with the synthetic run shape."""
+  study._summaries(
+    size,
+    study.ENTRIES,
+    steps=STEPS,
+    eval_every=EVERY,
+    overrides={},
+    protocol_fields=study.PROTOCOL_FIELDS,
+  )
+
+
 def synthetic_result(stopped_seed=None):
   """A study's JSON as ``study.run`` assembles it, from synthetic runs."""
   methods = {}
@@ -323,14 +335,7 @@ def synthetic_result(stopped_seed=None):
     }
   size = {"windows_per_worker": 8, "methods": methods}
   size.update(global_batch_size=64, context=128)
-  study._summaries(
-    size,
-    study.ENTRIES,
-    steps=STEPS,
-    eval_every=EVERY,
-    overrides={},
-    protocol_fields=study.PROTOCOL_FIELDS,
-  )
+  _summarise(size)
   return {
     "suite": "study",
     "steps": STEPS,
@@ -444,14 +449,7 @@ def test_a_larger_batch_reports_each_gap_against_dense_at_its_own_batch(result):
     for g in m["grid"]:
       g["final_bpb"] -= shift
     m["choice"]["final_bpb"] -= shift
-  study._summaries(
-    size,
-    study.ENTRIES,
-    steps=STEPS,
-    eval_every=EVERY,
-    overrides={},
-    protocol_fields=study.PROTOCOL_FIELDS,
-  )
+  _summarise(size)
   more["sizes"]["16"] = size
   page = study_page.render(more)
   assert "## How the per-worker batch moves the gaps" in page
