@@ -336,6 +336,11 @@ def _family_table(
   return lines
 
 
+def _ran(size: Mapping[str, Any], family: str) -> bool:
+  """Whether ``size`` holds any method of ``family`` (a size may hold some)."""
+  return any(m["family"] == family for m in size["methods"].values())
+
+
 def _picks(size: Mapping[str, Any], gbps: Sequence[str]) -> list[str]:
   rec = size["recommendation"]
   methods = size["methods"]
@@ -354,7 +359,7 @@ def _picks(size: Mapping[str, Any], gbps: Sequence[str]) -> list[str]:
     cells = []
     for family in study.FAMILIES:
       p = picks[family]
-      if not any(m["family"] == family for m in methods.values()):
+      if not _ran(size, family):
         cells.append("not run at this batch")
         continue
       if p is None:
@@ -473,9 +478,10 @@ def _batch_section(sizes: Mapping[str, Mapping[str, Any]]) -> list[str]:
     "| method | " + " | ".join(f"{k} windows per worker" for k in sizes) + " |",
     "| --- | " + " | ".join("---" for _ in sizes) + " |",
   ]
+  refs = [_final(s["methods"].get(transformer.BASELINE, {}))[0] for s in sizes.values()]
   for label in labels:
     cells, title = [], None
-    for size in sizes.values():
+    for size, ref in zip(sizes.values(), refs, strict=True):
       m = size["methods"].get(label)
       final, over = (None, "") if m is None else _final(m)
       if final is None:
@@ -483,7 +489,6 @@ def _batch_section(sizes: Mapping[str, Mapping[str, Any]]) -> list[str]:
         continue
       title = m["title"]
       cell = f"{_point(m['choice']['point'])}: {_num(final)} ({over})"
-      ref, _ = _final(size["methods"].get(transformer.BASELINE, {}))
       if label != transformer.BASELINE and _finite(ref) and _finite(final):
         cell += f", {(final / ref - 1) * 100:+.1f} %"
       cells.append(cell)
@@ -561,7 +566,7 @@ def render(result: Mapping[str, Any]) -> str:
       ("Every-step exchange", "Periodic exchange (DiLoCo family)"),
       strict=True,
     ):
-      if not any(m["family"] == family for m in size["methods"].values()):
+      if not _ran(size, family):
         continue
       lines += [
         f"### {title}",
